@@ -1,0 +1,37 @@
+# Every target builds .venv from the pinned dev requirements when it is missing, so a fresh clone needs nothing else.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+NPROC ?= 2
+
+.PHONY: demo test check export docs bench clean
+
+$(BIN)/.ok: requirements-dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+venv: $(BIN)/.ok
+
+# The main job: DDP training on 2 CPU processes (or on every GPU) on a small generated dataset, offline.
+demo: $(BIN)/.ok
+	$(BIN)/fastddp-launch --nproc $(NPROC) scripts/demo_ddp.py
+
+# Notebooks are the source: fail when exporting or cleaning them would change a tracked file.
+check: $(BIN)/.ok
+	$(BIN)/nbdev-export
+	$(BIN)/nbdev-clean
+	git diff --exit-code -- fastddp nbs || (echo "notebooks and modules disagree, or a notebook is not clean: run nbdev-export and nbdev-clean, then commit" && exit 1)
+	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
+
+test: check
+	$(BIN)/python -m pytest -ra
+
+bench: $(BIN)/.ok
+	$(BIN)/python -m fastddp.bench
+
+clean:
+	rm -rf _docs _proc build dist *.egg-info
