@@ -6,79 +6,98 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'DistribError', 'has_cuda', 'default_backend',
-           'check_backend', 'distrib_device', 'distrib_timeout', 'report', 'read_reports']
+           'check_gpu', 'check_backend', 'distrib_device', 'distrib_timeout', 'init_distrib', 'report', 'read_reports']
 
-# %% ../nbs/00_core.ipynb #88ba2ff9
+# %% ../nbs/00_core.ipynb #ced2995f
 import os, sys, pickle, datetime
 from pathlib import Path
 
-# %% ../nbs/00_core.ipynb #01a8c78e
+# %% ../nbs/00_core.ipynb #e5adf8ea
 def _env_int(k, default): return int(os.environ.get(k) or default)
 
-# %% ../nbs/00_core.ipynb #0e771a8d
+# %% ../nbs/00_core.ipynb #1aa65884
 def world_size():
     "Number of processes in the run (1 outside a launcher)"
     return _env_int('WORLD_SIZE', 1)
 
-# %% ../nbs/00_core.ipynb #697a8e35
+# %% ../nbs/00_core.ipynb #23c2df0b
 def rank():
     "Global rank of this process (0 outside a launcher)"
     return _env_int('RANK', 0)
 
-# %% ../nbs/00_core.ipynb #e9c54735
+# %% ../nbs/00_core.ipynb #7cddba9b
 def local_rank():
     "Rank of this process on its machine: the GPU it uses"
     return _env_int('LOCAL_RANK', 0)
 
-# %% ../nbs/00_core.ipynb #55a95789
+# %% ../nbs/00_core.ipynb #708afe9d
 def is_rank0():
     "Is this the process that prints, saves and exports?"
     return rank()==0
 
-# %% ../nbs/00_core.ipynb #a09de445
+# %% ../nbs/00_core.ipynb #ccf45572
 def rank0_print(*args, **kwargs):
     "`print` on rank 0 only"
     if is_rank0(): print(*args, **{'flush':True, **kwargs})
 
-# %% ../nbs/00_core.ipynb #bfe26cff
+# %% ../nbs/00_core.ipynb #ea9f79cd
 class DistribError(RuntimeError):
     "A distributed set-up that cannot work, with the one-line reason"
 
-# %% ../nbs/00_core.ipynb #e55c426f
+# %% ../nbs/00_core.ipynb #acfd7d51
 def has_cuda():
     "Can this process use a CUDA GPU?"
     import torch
     return torch.cuda.is_available()
 
-# %% ../nbs/00_core.ipynb #81fb5a5f
+# %% ../nbs/00_core.ipynb #bf6efd5d
 def default_backend():
     "nccl when there is a GPU, gloo otherwise"
     return 'nccl' if has_cuda() else 'gloo'
 
-# %% ../nbs/00_core.ipynb #a73e12c0
+# %% ../nbs/00_core.ipynb #24bc6232
+def check_gpu(lr:int=None, # local rank (`LOCAL_RANK` when None)
+              n:int=None): # visible GPUs (counted when None)
+    "Raise one clear error when local rank `lr` has no GPU of its own among the `n` visible"
+    import torch
+    lr = local_rank() if lr is None else lr
+    n = torch.cuda.device_count() if n is None else n
+    vis = os.environ.get('CUDA_VISIBLE_DEVICES')
+    if lr>=n: raise DistribError(f"LOCAL_RANK={lr} needs GPU {lr}, but only {n} GPU(s) are visible"+(f" (CUDA_VISIBLE_DEVICES={vis})" if vis else "")+": start at most one process per GPU")
+    return lr
+
+# %% ../nbs/00_core.ipynb #3c81ee38
 def check_backend(backend=None):
     "Return `backend` (or the default), with one clear error if this machine cannot run it"
     be = backend or default_backend()
+    if be not in ('nccl','gloo','mpi'): raise DistribError(f"backend {be!r}: expected 'nccl' (GPUs) or 'gloo' (CPU)")
     if be=='nccl' and not has_cuda(): raise DistribError("backend 'nccl' needs a CUDA GPU and this machine has none: use backend='gloo' (or leave it out)")
-    if be=='nccl':
-        import torch
-        lr,n = local_rank(),torch.cuda.device_count()
-        vis = os.environ.get('CUDA_VISIBLE_DEVICES')
-        if lr>=n: raise DistribError(f"LOCAL_RANK={lr} needs GPU {lr}, but only {n} GPU(s) are visible"+(f" (CUDA_VISIBLE_DEVICES={vis})" if vis else "")+": start at most one process per GPU")
+    if be=='nccl': check_gpu()
     return be
 
-# %% ../nbs/00_core.ipynb #c89c1d09
+# %% ../nbs/00_core.ipynb #9d5ecbe3
 def distrib_device():
     "The device this rank trains on: `cuda:LOCAL_RANK`, or the CPU"
     import torch
     return torch.device('cuda', local_rank()) if has_cuda() else torch.device('cpu')
 
-# %% ../nbs/00_core.ipynb #6611a467
+# %% ../nbs/00_core.ipynb #81aa454e
 def distrib_timeout():
     "How long a collective waits for a peer (`FASTDDP_TIMEOUT` seconds, default 300)"
     return datetime.timedelta(seconds=float(os.environ.get('FASTDDP_TIMEOUT') or 300))
 
-# %% ../nbs/00_core.ipynb #41b522b3
+# %% ../nbs/00_core.ipynb #46879390
+def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
+    "Create the default process group from the launcher's environment, with our timeout, surviving elastic restarts"
+    import torch.distributed as dist
+    kw = dict(backend=check_backend(backend), timeout=distrib_timeout())
+    n = os.environ.get('TORCHELASTIC_RESTART_COUNT')
+    if n and os.environ.get('TORCHELASTIC_USE_AGENT_STORE')=='True':
+        st = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world_size(), is_master=False, timeout=kw['timeout'])
+        kw.update(store=dist.PrefixStore(f'fastddp/attempt_{n}', st), rank=rank(), world_size=world_size())
+    dist.init_process_group(**kw)
+
+# %% ../nbs/00_core.ipynb #cf5acdbc
 def report(**kwargs):
     "Add `kwargs` to this rank's report, when `FASTDDP_REPORT_DIR` asks for one"
     d = os.environ.get('FASTDDP_REPORT_DIR')
@@ -90,7 +109,7 @@ def report(**kwargs):
     tmp.write_bytes(pickle.dumps(res))
     tmp.replace(fn) # a rank killed mid-write leaves its previous report whole
 
-# %% ../nbs/00_core.ipynb #0fb2d54a
+# %% ../nbs/00_core.ipynb #df9eb665
 def read_reports(path, n=None):
     "The reports in `path`, one dict per rank (missing ranks give `None`)"
     path = Path(path)

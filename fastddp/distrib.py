@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'rank0_first', 'warn_once', 'maybe_gather']
 
-# %% ../nbs/02_distrib.ipynb #a856202b
+# %% ../nbs/02_distrib.ipynb #8ee251e2
 import sys, atexit
 import torch, torch.distributed as dist
 from torch import nn
@@ -18,7 +18,7 @@ from fastai.callback.progress import ProgressCallback
 from accelerate import Accelerator
 from .core import *
 
-# %% ../nbs/02_distrib.ipynb #b9266b5c
+# %% ../nbs/02_distrib.ipynb #741363de
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
                   backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Join the process group with a backend this machine can run; return the GPU index, or None on CPU"
@@ -26,16 +26,16 @@ def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
     gpu = (local_rank() if gpu is None else int(gpu)) if be=='nccl' else None
     if gpu is not None: torch.cuda.set_device(gpu)
     if world_size()>1 and not dist.is_initialized():
-        dist.init_process_group(be, timeout=distrib_timeout())
+        init_distrib(be)
         atexit.register(teardown_distrib) # leaving without it can abort the process at exit (and torch warns for nccl)
     return gpu
 
-# %% ../nbs/02_distrib.ipynb #35ab5b9d
+# %% ../nbs/02_distrib.ipynb #95d9d100
 def teardown_distrib():
     "Leave the process group, if this process is in one"
     if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/02_distrib.ipynb #e1a5a2f2
+# %% ../nbs/02_distrib.ipynb #e9e6ebc3
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation"
     if args or kwargs: func = partial(func, *args, **kwargs)
@@ -45,7 +45,7 @@ def rank0_first(func, *args, **kwargs):
     if not is_rank0(): res = func()
     return res
 
-# %% ../nbs/02_distrib.ipynb #d57b864a
+# %% ../nbs/02_distrib.ipynb #127c1990
 @patch
 def _broadcast(self:DistributedDL, t, rank):
     "Broadcast `t` from `rank` on the device the backend moves: CUDA for nccl, CPU for gloo"
@@ -54,7 +54,7 @@ def _broadcast(self:DistributedDL, t, rank):
     dist.broadcast(t, rank)
     return t.cpu().tolist()
 
-# %% ../nbs/02_distrib.ipynb #a7722e49
+# %% ../nbs/02_distrib.ipynb #08e31944
 _warned = set()
 def warn_once(msg):
     "Print `msg` once per process, on rank 0 only"
@@ -62,7 +62,7 @@ def warn_once(msg):
     _warned.add(msg)
     print(f"fastddp: {msg}", file=sys.stderr, flush=True)
 
-# %% ../nbs/02_distrib.ipynb #909d4cc7
+# %% ../nbs/02_distrib.ipynb #38e0e37a
 @patch
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -73,7 +73,7 @@ def __init__(self:DistributedTrainer,
     if check_backend(backend)=='gloo': kwargs.setdefault('cpu', True)
     self.accelerator = Accelerator(**kwargs)
 
-# %% ../nbs/02_distrib.ipynb #90c6d57b
+# %% ../nbs/02_distrib.ipynb #5f336248
 def _has_bn(m): return any(isinstance(o, nn.modules.batchnorm._BatchNorm) for o in m.modules())
 
 @patch
@@ -85,7 +85,7 @@ def _use_sync_bn(self:DistributedTrainer):
         return False
     return world_size()>1 if self.sync_bn is None else self.sync_bn
 
-# %% ../nbs/02_distrib.ipynb #b955bb7b
+# %% ../nbs/02_distrib.ipynb #d2735be9
 @patch
 def before_fit(self:DistributedTrainer):
     m = self.model
@@ -95,13 +95,13 @@ def before_fit(self:DistributedTrainer):
     self.learn.dls.loaders = [self._wrap_dl(dl) for dl in self.dls]
     if rank_distrib(): self.learn.logger = noop
 
-# %% ../nbs/02_distrib.ipynb #bf2d3fbc
+# %% ../nbs/02_distrib.ipynb #d19065e8
 @patch
 def _wrap_dl(self:DistributedTrainer, dl):
     "Shard `dl` across ranks, its batches on this rank's device"
     return dl if isinstance(dl, DistributedDL) else DistributedDL(dl, device=self.accelerator.device)
 
-# %% ../nbs/02_distrib.ipynb #400b42a6
+# %% ../nbs/02_distrib.ipynb #b46eeb5d
 import fastai.torch_core as ftc
 _active = [] # learners that are training data-parallel now
 _maybe_gather = ftc.maybe_gather
@@ -112,7 +112,7 @@ def maybe_gather(x, axis=0):
 
 ftc.maybe_gather = maybe_gather
 
-# %% ../nbs/02_distrib.ipynb #96623f51
+# %% ../nbs/02_distrib.ipynb #1ed5dfaa
 @patch
 def to_distributed(self:Learner,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -124,7 +124,7 @@ def to_distributed(self:Learner,
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
-# %% ../nbs/02_distrib.ipynb #f7a4dd94
+# %% ../nbs/02_distrib.ipynb #66a1e630
 @patch
 def detach_distributed(self:Learner):
     "Remove the `DistributedTrainer`, at any world size"
@@ -135,7 +135,7 @@ def detach_distributed(self:Learner):
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
-# %% ../nbs/02_distrib.ipynb #390b05b4
+# %% ../nbs/02_distrib.ipynb #f19f6f0d
 @patch
 @contextmanager
 def distrib_ctx(self:Learner,
@@ -157,5 +157,5 @@ def distrib_ctx(self:Learner,
         self.detach_distributed()
         if cleanup: teardown_distrib()
 
-# %% ../nbs/02_distrib.ipynb #f6408b8d
+# %% ../nbs/02_distrib.ipynb #f7b713dc
 for _o in (setup_distrib, teardown_distrib, rank0_first): setattr(fd, _o.__name__, _o) # `from fastai.distributed import *` gets ours

@@ -7,11 +7,11 @@ Docs: https://fastddp.github.io/fastddp/worker.html.md"""
 # %% auto #0
 __all__ = ['run_script']
 
-# %% ../nbs/01a_worker.ipynb #d9bcf532
-import os, sys, runpy
+# %% ../nbs/01a_worker.ipynb #23b9ccc6
+import os, sys, runpy, traceback
 from .core import DistribError
 
-# %% ../nbs/01a_worker.ipynb #157fae92
+# %% ../nbs/01a_worker.ipynb #61421ab7
 def run_script(path, # the script to run as `__main__`
                *args): # its command-line arguments
     "Run `path` as `__main__` with `args`, as `python path args` would"
@@ -23,6 +23,9 @@ def run_script(path, # the script to run as `__main__`
     except DistribError as e:
         print(f"rank {os.environ.get('RANK', 0)}: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except Exception:
+        traceback.print_exc() # ourselves: torch's excepthook would prefix every line with a second `[rankN]:`
+        sys.exit(1)
 
-# %% ../nbs/01a_worker.ipynb #27b60086
+# %% ../nbs/01a_worker.ipynb #5cd37292
 if __name__=='__main__': run_script(*sys.argv[1:])

@@ -1,0 +1,48 @@
+import os, sys, time, subprocess, tempfile, uuid, pytest, psutil
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+def has_cuda():
+    import torch
+    return torch.cuda.is_available()
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda(): return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for it in items:
+        if 'cuda' in it.keywords: it.add_marker(skip)
+
+def procs_with(marker):
+    "Live processes whose command line contains `marker` (workers run in their own sessions: find them by PID/cmdline)"
+    res = []
+    for p in psutil.process_iter(['pid', 'cmdline', 'status']):
+        try:
+            if p.info['status']!=psutil.STATUS_ZOMBIE and marker in ' '.join(p.info['cmdline'] or []): res.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied): pass
+    return res
+
+def wait_gone(marker, timeout=30):
+    "Wait until no process carries `marker`; return the ones left"
+    end = time.time()+timeout
+    while time.time()<end:
+        left = procs_with(marker)
+        if not left: return []
+        time.sleep(0.2)
+    return procs_with(marker)
+
+@pytest.fixture
+def marker():
+    "A unique script argument: it shows in every worker's command line"
+    return f"mark-{uuid.uuid4().hex}"
+
+def start(code, largs=(), args=(), env=None, launcher='fastddp'):
+    "Start `code` under `fastddp-launch` without waiting; return (Popen, tmpdir)"
+    d = tempfile.mkdtemp()
+    fn = Path(d)/'script.py'
+    fn.write_text(code)
+    cmd = {'fastddp': [sys.executable, '-m', 'fastddp.launch'], 'fastai': [sys.executable, '-m', 'fastai.launch']}[launcher]
+    e = {**os.environ, 'FASTDDP_REPORT_DIR': d, 'PYTHONUNBUFFERED': '1', **(env or {})}
+    p = subprocess.Popen(cmd+list(map(str, largs))+[str(fn), *map(str, args)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    return p, d

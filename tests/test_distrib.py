@@ -1,0 +1,180 @@
+"Foundation: `learn.distrib_ctx()` trains data-parallel on gloo with every launcher, and gives one process's weights"
+import pytest, re
+from fastddp.launch import run_ranks, free_port
+
+# One launch checks many things: each rank reports what it saw, the test asserts on the reports.
+EQUIV = '''
+import sys, time, os
+from pathlib import Path
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+n,bs,ws = int(sys.argv[1]),2,world_size()
+set_seed(0)
+x = torch.randn(n,3); y = x@tensor([1.,-2.,3.])[:,None]+0.1
+dsets = list(zip(x,y))
+def mk(items, bs, shuffle=False):
+    dls = DataLoaders(DataLoader(items, bs=bs, shuffle=shuffle), DataLoader(dsets[:5], bs=bs), device='cpu')
+    torch.manual_seed(1)
+    return Learner(dls, nn.Linear(3,1), loss_func=MSELossFlat(), opt_func=SGD, lr=0.1)
+
+# rank0_first: rank 0 runs first, the others after it finished (checked through the filesystem)
+log = Path(sys.argv[2])
+def _f():
+    with log.open('a') as f: f.write(f"start {rank()}\\n")
+    if rank()==0: time.sleep(1)
+    with log.open('a') as f: f.write(f"end {rank()}\\n")
+    return rank()
+report(r0f=rank0_first(_f))
+
+# same weights as one process with a ws-times larger batch over the same samples
+learn = mk(dsets, bs)
+class Typ(Callback):
+    def after_batch(self): report(in_ctx=type(self.learn.model).__name__)
+with learn.distrib_ctx(): learn.fit(2, cbs=Typ())
+report(w=learn.model.weight.detach().clone(), model=type(learn.model).__name__,
+       cbs=[type(o).__name__ for o in learn.cbs])
+if rank()==0:
+    m = -(-n//ws)
+    pad = (list(range(n))*2)[:m*ws]
+    blocks = [pad[r*m:(r+1)*m] for r in range(ws)]
+    order = [i for s in range(0,m,bs) for b in blocks for i in b[s:s+bs]]
+    ref = mk([dsets[i] for i in order], bs*ws)
+    ref.fit(2)
+    report(ref=ref.model.weight.detach().clone())
+    # after the context, the learner trains as a single process again, on rank 0 alone
+    w0 = learn.model.weight.detach().clone()
+    learn.fit(1)
+    report(single_again=not torch.equal(w0, learn.model.weight))
+
+# the shards each rank sees per epoch, with shuffling
+seen = []
+class Rec(Callback):
+    def before_epoch(self): seen.append([])
+    def after_batch(self):
+        if self.training: seen[-1] += [int(o) for o in self.learn.xb[0][:,0]]
+idx = [(tensor([float(i)]), tensor([0.])) for i in range(n)]
+sl = Learner(DataLoaders(DataLoader(idx, bs=bs, shuffle=True), DataLoader(idx[:3], bs=bs), device='cpu'), nn.Linear(1,1),
+             loss_func=MSELossFlat(), cbs=Rec())
+with sl.distrib_ctx(): sl.fit(2, 0)
+report(seen=seen)
+'''
+
+def _check_equiv(rs, n, ws, log):
+    test_ws = len(rs)
+    assert test_ws==ws
+    for o in rs: assert o['in_ctx']=='DistributedDataParallel' and o['model']=='Linear' and 'DistributedTrainer' not in o['cbs']
+    for o in rs[1:]: assert (o['w']-rs[0]['w']).abs().max()<1e-6, "ranks ended with different weights"
+    assert (rs[0]['w']-rs[0]['ref']).abs().max()<1e-5, (rs[0]['w'], rs[0]['ref'])
+    assert rs[0]['single_again']
+    # rank0_first: rank 0 started and ended before any other rank started
+    lines = log.read_text().split()
+    ev = list(zip(lines[::2], lines[1::2]))
+    assert ev[:2]==[('start','0'),('end','0')], ev
+    assert [o['r0f'] for o in rs]==list(range(ws))
+    # shards: disjoint apart from the padding, covering the data set, different from one epoch to the next
+    m = -(-n//ws)
+    for e in range(2):
+        shards = [o['seen'][e] for o in rs]
+        assert all(len(s)==m for s in shards)
+        allv = sum(shards, [])
+        assert set(allv)==set(range(n))
+        assert len(allv)-len(set(allv))==m*ws-n
+    assert [o['seen'][0] for o in rs]!=[o['seen'][1] for o in rs]
+
+@pytest.mark.parametrize('launcher,ws,n', [('torchrun',2,11), ('accelerate',3,22)])
+def test_equivalence(launcher, ws, n, tmp_path):
+    "N ranks with batch bs = one process with batch N*bs; plus rank0_first order and the shards, in the same launch"
+    log = tmp_path/'order.log'
+    rs = run_ranks(EQUIV, n=ws, args=[n, log], launcher=launcher)
+    _check_equiv(rs, n, ws, log)
+
+WS1 = '''
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+x = torch.randn(8,2); dsets = list(zip(x, x.sum(1, keepdim=True)))
+learn = Learner(DataLoaders(DataLoader(dsets, bs=4), DataLoader(dsets, bs=4), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat())
+w0 = learn.model.weight.detach().clone()
+with learn.distrib_ctx(): learn.fit(1)
+report(trained=not torch.equal(w0, learn.model.weight), cbs=[type(o).__name__ for o in learn.cbs], ws=world_size())
+if not has_cuda():
+    try:
+        with learn.distrib_ctx(backend='nccl'): pass
+    except DistribError as e: report(nccl=str(e))
+'''
+
+def test_world_size_1():
+    "Under `torchrun --nproc_per_node 1` the context trains and cleans up (fastai left the trainer in `learn.cbs`)"
+    rs = run_ranks(WS1, n=1, launcher='torchrun')
+    assert rs[0]['trained'] and rs[0]['ws']==1
+    assert 'DistributedTrainer' not in rs[0]['cbs']
+    from fastddp.core import has_cuda
+    if not has_cuda(): assert "needs a CUDA GPU" in rs[0]['nccl']
+
+VISION_TAB = '''
+import pandas as pd
+from fastai.vision.all import *
+from fastai.tabular.all import *
+from fastai.distributed import *
+from torchvision.models import resnet18
+from fastddp.core import *
+set_seed(0)
+# a torchvision resnet with BatchNorm, default distrib_ctx arguments
+x = torch.randn(16,3,32,32); y = torch.randint(0,2,(16,))
+ds = [(TensorImage(a), TensorCategory(b)) for a,b in zip(x,y)]
+dls = DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:6], bs=4), device='cpu')
+learn = vision_learner(dls, resnet18, n_out=2, pretrained=False, loss_func=CrossEntropyLossFlat(), metrics=accuracy)
+with learn.distrib_ctx(): learn.fit(1, 1e-3)
+report(vision=sum(p.sum().item() for p in learn.model.parameters()), vis_loss=learn.recorder.values[-1][1])
+# a tabular learner
+df = pd.DataFrame({'a': np.random.randn(64), 'b': np.random.choice(['u','v'], 64)}); df['y'] = (df.a>0).astype(int)
+tdl = TabularDataLoaders.from_df(df, procs=[Categorify, Normalize], cat_names=['b'], cont_names=['a'], y_names='y', y_block=CategoryBlock(), bs=8, device='cpu')
+tl = tabular_learner(tdl, layers=[8], metrics=accuracy)
+with tl.distrib_ctx(): tl.fit(1, 1e-2)
+report(tab=sum(p.sum().item() for p in tl.model.parameters()), tab_loss=tl.recorder.values[-1][1])
+'''
+
+def test_vision_tabular():
+    "A resnet with BatchNorm and a tabular learner train under 2-process DDP with default arguments; sync_bn is off on CPU, said once"
+    rs = run_ranks(VISION_TAB, n=2, launcher='fastddp')
+    assert abs(rs[0]['vision']-rs[1]['vision'])<1e-3*abs(rs[0]['vision'])
+    assert abs(rs[0]['tab']-rs[1]['tab'])<1e-4*max(1,abs(rs[0]['tab']))
+    assert all(o['vis_loss']==o['vis_loss'] and o['tab_loss']==o['tab_loss'] for o in rs) # no NaN
+    assert rs.out.count("sync_bn is off on CPU")==1, rs.out[-2000:]
+
+NOTEBOOK = '''
+import sys
+import fastddp
+from accelerate import notebook_launcher
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import report, world_size
+def train():
+    x = torch.randn(8,2); dsets = list(zip(x, x.sum(1, keepdim=True)))
+    torch.manual_seed(0)
+    learn = Learner(DataLoaders(DataLoader(dsets, bs=2), DataLoader(dsets, bs=2), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat())
+    with learn.distrib_ctx(in_notebook=True): learn.fit(1)
+    report(w=learn.model.weight.detach().clone(), ws=world_size(), pg=torch.distributed.is_initialized())
+notebook_launcher(train, num_processes=2, use_port=sys.argv[1])
+'''
+
+def test_notebook_launcher():
+    "`distrib_ctx(in_notebook=True)` under Accelerate's `notebook_launcher` on CPU"
+    rs = run_ranks(NOTEBOOK, n=2, args=[free_port()], launcher='python')
+    assert [o['ws'] for o in rs]==[2,2] and not any(o['pg'] for o in rs) # the context left the group it joined
+    assert (rs[0]['w']-rs[1]['w']).abs().max()<1e-6
+
+def test_bad_use():
+    "A LOCAL_RANK beyond the GPU count, and nccl without CUDA, give one clear message"
+    from fastddp.core import check_gpu, check_backend, DistribError, has_cuda
+    with pytest.raises(DistribError, match=r"LOCAL_RANK=3 needs GPU 3, but only 2 GPU\(s\) are visible"): check_gpu(3, 2)
+    if not has_cuda():
+        with pytest.raises(DistribError, match="needs a CUDA GPU"): check_backend('nccl')
+
+@pytest.mark.cuda
+def test_nccl_world_size_1():
+    "On a GPU machine: nccl at world size 1, the model on cuda:LOCAL_RANK"
+    code = WS1.replace("device='cpu'", "device='cuda'")+"\nreport(dev=str(next(learn.model.parameters()).device), be=torch.distributed.get_backend())\n"
+    rs = run_ranks(code, n=1, launcher='fastddp')
+    assert rs[0]['trained'] and rs[0]['be']=='nccl' and rs[0]['dev']=='cuda:0'

@@ -1,0 +1,162 @@
+"Launcher: `fastddp-launch` / `python -m fastai.launch` on torch's elastic agent; failures stop every rank, nothing is left behind"
+import os, sys, time, signal, socket, subprocess, pytest
+from pathlib import Path
+from fastddp.launch import run_ranks, free_port, launch
+from conftest import procs_with, wait_gone, start, ROOT
+
+# A plain torch DDP-style loop: cheap to start (no fastai import), and blocks in all_reduce like real training.
+LOOP = '''
+import os, sys, time, torch, torch.distributed as dist
+from fastddp.core import *
+init_distrib('gloo')
+report(pid=os.getpid(), restart=os.environ.get('TORCHELASTIC_RESTART_COUNT'), ws=world_size())
+print(f"hello from rank {rank()}", flush=True)
+t = torch.ones(1000)
+mode, steps = sys.argv[2], int(sys.argv[3])
+for i in range(steps):
+    dist.all_reduce(t); t /= world_size()
+    if i==5 and rank()==world_size()-1:
+        if mode=='exit': os._exit(3)
+        if mode=='raise': raise ValueError("boom on the last rank")
+        if mode=='restart' and os.environ.get('TORCHELASTIC_RESTART_COUNT')=='0': os._exit(4)
+    time.sleep(0.05)
+report(done=True, t=t.sum().item())
+'''
+
+@pytest.mark.parametrize('mode,why', [('exit', 'exit code 3'), ('raise', 'exit code 1: ValueError: boom on the last rank')])
+def test_rank_failure_stops_all(mode, why, marker):
+    "One rank dies mid-training: every other rank is stopped within 30 s, the launcher names the rank and exits non-zero"
+    t0 = time.time()
+    rs = run_ranks(LOOP, n=3, args=[marker, mode, 100000], check=False, timeout=120)
+    assert time.time()-t0 < 60
+    assert rs.rc!=0
+    assert f"fastddp-launch: rank 2 (pid {rs[2]['pid']}) failed: {why}" in rs.out.splitlines(), rs.out[-2000:]
+    assert not wait_gone(marker, 5)
+    assert not any(o.get('done') for o in rs)
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_all(sig, marker):
+    "Ctrl-C or SIGTERM to the launcher stops all ranks and exits non-zero; no stray process"
+    p,d = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000])
+    end = time.time()+60
+    while len(procs_with(marker))<3 and time.time()<end: time.sleep(0.2) # the worker bootstrap and both ranks
+    time.sleep(2)
+    p.send_signal(sig)
+    out,_ = p.communicate(timeout=60)
+    assert p.returncode!=0
+    assert f"stopped by {sig.name}" in out, out[-2000:]
+    assert not wait_gone(marker, 30)
+
+def test_ranks_and_prefixes(marker):
+    "Every rank runs; lines of ranks other than 0 are prefixed; a busy 29500 does not matter when no port is given"
+    with socket.socket() as s:
+        try: s.bind(('127.0.0.1', 29500)); s.listen()
+        except OSError: pass # already busy: all the better
+        rs = run_ranks(LOOP, n=2, args=[marker, 'run', 10])
+    assert [o['ws'] for o in rs]==[2,2] and all(o['done'] for o in rs)
+    lines = rs.out.splitlines()
+    assert "hello from rank 0" in lines
+    assert "[rank1]:hello from rank 1" in lines
+    assert "no GPU found: starting 2 CPU processes with the gloo backend" in rs.out or "GPU" not in rs.out
+
+def test_busy_port_given(tmp_path):
+    "A busy port the user names gives one clear error, exit code 2, nothing started"
+    scr = tmp_path/'s.py'; scr.write_text("open(__file__+'.ran','w')")
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0)); s.listen()
+        port = s.getsockname()[1]
+        p = subprocess.run([sys.executable, '-m', 'fastddp.launch', '--master-port', str(port), str(scr)], capture_output=True, text=True)
+    assert p.returncode==2
+    assert p.stderr.strip().splitlines()==[f"fastddp-launch: --master-port {port}: port busy on 127.0.0.1 (an earlier run may still hold it); pick another or leave it out on a single node"]
+    assert not Path(str(scr)+'.ran').exists()
+
+@pytest.mark.parametrize('argv,msg', [
+    (['nope.py'], 'nope.py: no such script'),
+    (['--gpus', '7', 'S'], 'GPU 7 does not exist'),
+    (['--nproc', '0', 'S'], '--nproc 0: at least 1 process'),
+    (['--gpus', '0,,1', 'S'], "expected 'all' or comma-separated GPU ids"),
+    (['--nnodes', '2', '--node-rank', '2', 'S'], '--node-rank 2: must be in 0..1')])
+def test_bad_input(argv, msg, tmp_path, capsys):
+    "Bad input: one line of error, exit code 2, nothing started"
+    scr = tmp_path/'s.py'; scr.write_text("open(__file__+'.ran','w')")
+    assert launch([str(scr) if o=='S' else o for o in argv])==2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines())==1 and msg in err, err
+    assert not Path(str(scr)+'.ran').exists()
+
+def test_max_restarts(marker):
+    "`--max-restarts 1` restarts every worker once after a failure, and the run then finishes"
+    rs = run_ranks(LOOP, n=2, args=[marker, 'restart', 20], largs=['--max-restarts', '1'])
+    assert rs.rc==0 and all(o['done'] for o in rs)
+    assert [o['restart'] for o in rs]==['1','1']
+
+def test_help_and_entry_points():
+    "`python -m fastai.launch --help` and `fastddp-launch --help` work; every [project.scripts] entry imports"
+    import tomllib, importlib
+    for cmd in ([sys.executable, '-m', 'fastai.launch', '--help'], [str(Path(sys.executable).parent/'fastddp-launch'), '--help']):
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        assert p.returncode==0 and '--gpus' in p.stdout and '--nproc' in p.stdout, p.stderr
+    eps = tomllib.loads((ROOT/'pyproject.toml').read_text())['project']['scripts']
+    for k,v in eps.items():
+        mod,fn = v.split(':')
+        assert callable(getattr(importlib.import_module(mod), fn)), k
+
+def test_fastai_launch_is_ours_and_fastai_intact():
+    "The compatibility module calls fastddp's launcher, lives in fastai's namespace, and leaves fastai's own modules alone"
+    code = "import fastai, fastai.launch, fastai.basics, fastddp.launch; print(fastai.launch.main is fastddp.launch.main, fastai.__version__)"
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert p.returncode==0, p.stderr
+    assert p.stdout.split()[0]=='True'
+
+def test_launcher_is_light():
+    "The launcher imports neither fastai nor the user's script"
+    code = "import sys, fastddp.launch as l; l.launch_config; print([m for m in sys.modules if m.startswith('fastai')])"
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert p.stdout.strip()=='[]', p.stdout+p.stderr
+
+MN = '''
+import sys
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+set_seed(rank()) # different data and init on every rank: DDP must make the weights agree
+x = torch.randn(16,3); dsets = list(zip(x, x.sum(1, keepdim=True)))
+learn = Learner(DataLoaders(DataLoader(dsets, bs=4, shuffle=True), DataLoader(dsets[:4], bs=4), device='cpu'), nn.Linear(3,1), loss_func=MSELossFlat())
+with learn.distrib_ctx(): learn.fit(1)
+report(w=learn.model.weight.detach().clone(), ws=world_size(), rank=rank())
+if sys.argv[2]=='hang':
+    import torch.distributed as dist
+    t = torch.ones(10)
+    while True: dist.all_reduce(t); time.sleep(0.05)
+'''
+
+def _two_nodes(marker, mode, port):
+    res = []
+    for nr in (0,1):
+        res.append(start(MN, ['--nnodes', '2', '--node-rank', str(nr), '--master-addr', '127.0.0.1', '--master-port', str(port), '--nproc', '2'], [marker, mode]))
+    return res
+
+def test_multi_node(marker):
+    "Two launchers with --nnodes 2 form one 4-rank job that trains to identical weights on every rank"
+    from fastddp.core import read_reports
+    nodes = _two_nodes(marker, 'train', free_port())
+    outs = [p.communicate(timeout=240)[0] for p,d in nodes]
+    assert [p.returncode for p,d in nodes]==[0,0], outs
+    rs = [o for p,d in nodes for o in read_reports(d, 4) if o]
+    assert sorted(o['rank'] for o in rs)==[0,1,2,3] and {o['ws'] for o in rs}=={4}
+    for o in rs: assert (o['w']-rs[0]['w']).abs().max()<1e-6
+
+def test_multi_node_stop_one(marker):
+    "Stopping one node (SIGTERM to its launcher) ends the other with a clear error; no worker of either is left"
+    from fastddp.core import read_reports
+    (p0,d0),(p1,d1) = _two_nodes(marker, 'hang', free_port())
+    end = time.time()+240
+    while sum(1 for o in read_reports(d0, 4)+read_reports(d1, 4) if o)<4 and time.time()<end: time.sleep(0.5)
+    time.sleep(1)
+    p1.send_signal(signal.SIGTERM)
+    out1,_ = p1.communicate(timeout=60)
+    out0,_ = p0.communicate(timeout=120)
+    assert p1.returncode!=0 and p0.returncode!=0
+    assert "stopped by SIGTERM" in out1
+    assert "failed" in out0, out0[-2000:]
+    assert not wait_gone(marker, 30)
