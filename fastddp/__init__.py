@@ -7,9 +7,10 @@ Docs: https://fastddp.github.io/fastddp/init.html.md"""
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/00_init.ipynb #7900b9ed
+# %% ../nbs/00_init.ipynb #e80262d0
 __version__ = "0.1.0"
 import sys, importlib, importlib.abc, importlib.util
+_patches = 'fastddp.distrib','fastddp.eval' # the modules that patch fastai
 
 class _PatchFastai(importlib.abc.MetaPathFinder):
     "Patch `fastai.distributed` with `fastddp.distrib` as soon as it has been imported"
@@ -18,9 +19,12 @@ class _PatchFastai(importlib.abc.MetaPathFinder):
         sys.meta_path.remove(self) # once is enough, and `find_spec` below must not find us again
         spec = importlib.util.find_spec(name)
         exec_mod = spec.loader.exec_module
-        def _exec(m): exec_mod(m); importlib.import_module('fastddp.distrib')
+        def _exec(m):
+            exec_mod(m)
+            for o in _patches: importlib.import_module(o)
         spec.loader.exec_module = _exec
         return spec
 
-if 'fastai.distributed' in sys.modules: importlib.import_module('fastddp.distrib')
+if 'fastai.distributed' in sys.modules:
+    for o in _patches: importlib.import_module(o)
 elif not any(isinstance(o, _PatchFastai) for o in sys.meta_path): sys.meta_path.insert(0, _PatchFastai())
