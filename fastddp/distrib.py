@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'rank0_first', 'maybe_gather']
 
-# %% ../nbs/02_distrib.ipynb #29201d54
+# %% ../nbs/02_distrib.ipynb #899c6b14
 import sys, atexit
 import torch, torch.distributed as dist
 from torch import nn
@@ -18,7 +18,7 @@ from fastai.callback.progress import ProgressCallback
 from accelerate import Accelerator
 from .core import *
 
-# %% ../nbs/02_distrib.ipynb #ca576363
+# %% ../nbs/02_distrib.ipynb #8ebddb70
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
                   backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Join the process group with a backend this machine can run; return the GPU index, or None on CPU"
@@ -30,12 +30,12 @@ def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
         atexit.register(teardown_distrib) # leaving without it can abort the process at exit (and torch warns for nccl)
     return gpu
 
-# %% ../nbs/02_distrib.ipynb #674d54c8
+# %% ../nbs/02_distrib.ipynb #4159ee78
 def teardown_distrib():
     "Leave the process group, if this process is in one"
     if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/02_distrib.ipynb #06490d56
+# %% ../nbs/02_distrib.ipynb #94622c04
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation"
     if args or kwargs: func = partial(func, *args, **kwargs)
@@ -45,7 +45,7 @@ def rank0_first(func, *args, **kwargs):
     if not is_rank0(): res = func()
     return res
 
-# %% ../nbs/02_distrib.ipynb #bf7a7277
+# %% ../nbs/02_distrib.ipynb #ac73f005
 @patch
 def _broadcast(self:DistributedDL, t, rank):
     "Broadcast `t` from `rank` on the device the backend moves: CUDA for nccl, CPU for gloo"
@@ -54,7 +54,7 @@ def _broadcast(self:DistributedDL, t, rank):
     dist.broadcast(t, rank)
     return t.cpu().tolist()
 
-# %% ../nbs/02_distrib.ipynb #1b7cd862
+# %% ../nbs/02_distrib.ipynb #098c8d09
 @patch
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -65,7 +65,7 @@ def __init__(self:DistributedTrainer,
     if check_backend(backend)=='gloo': kwargs.setdefault('cpu', True)
     self.accelerator = Accelerator(**kwargs)
 
-# %% ../nbs/02_distrib.ipynb #2ad6fa11
+# %% ../nbs/02_distrib.ipynb #2a39d4f8
 def _has_bn(m): return any(isinstance(o, nn.modules.batchnorm._BatchNorm) for o in m.modules())
 
 @patch
@@ -77,7 +77,7 @@ def _use_sync_bn(self:DistributedTrainer):
         return False
     return world_size()>1 if self.sync_bn is None else self.sync_bn
 
-# %% ../nbs/02_distrib.ipynb #935bccdc
+# %% ../nbs/02_distrib.ipynb #fa82413a
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     "Shard `dl` across ranks, its batches on this rank's device; `exact`: unpadded, for validation"
@@ -86,7 +86,7 @@ def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     res.exact = exact
     return res
 
-# %% ../nbs/02_distrib.ipynb #6501656f
+# %% ../nbs/02_distrib.ipynb #613cce54
 @patch
 def before_fit(self:DistributedTrainer):
     m = self.model
@@ -96,7 +96,7 @@ def before_fit(self:DistributedTrainer):
     self.learn.dls.loaders = [self._wrap_dl(dl, exact=i>0) for i,dl in enumerate(self.dls)]
     if rank_distrib(): self.learn.logger = noop
 
-# %% ../nbs/02_distrib.ipynb #5463e3d3
+# %% ../nbs/02_distrib.ipynb #a4384847
 @patch
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, exact=True)
@@ -109,7 +109,7 @@ def after_validate(self:DistributedTrainer):
     rec = getattr(self.learn, 'recorder', None)
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
-# %% ../nbs/02_distrib.ipynb #f3597b2d
+# %% ../nbs/02_distrib.ipynb #0d18f479
 import fastai.torch_core as ftc
 _active = [] # learners that are training data-parallel now
 _maybe_gather = ftc.maybe_gather
@@ -120,7 +120,7 @@ def maybe_gather(x, axis=0):
 
 ftc.maybe_gather = maybe_gather
 
-# %% ../nbs/02_distrib.ipynb #d91d3f3a
+# %% ../nbs/02_distrib.ipynb #1b6e357e
 @patch
 def to_distributed(self:Learner,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -132,7 +132,7 @@ def to_distributed(self:Learner,
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
-# %% ../nbs/02_distrib.ipynb #fb2a6794
+# %% ../nbs/02_distrib.ipynb #aa717ff8
 @patch
 def detach_distributed(self:Learner):
     "Remove the `DistributedTrainer`, at any world size"
@@ -143,7 +143,7 @@ def detach_distributed(self:Learner):
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
-# %% ../nbs/02_distrib.ipynb #0314b055
+# %% ../nbs/02_distrib.ipynb #d903f994
 @patch
 @contextmanager
 def distrib_ctx(self:Learner,
@@ -165,5 +165,5 @@ def distrib_ctx(self:Learner,
         self.detach_distributed()
         if cleanup: teardown_distrib()
 
-# %% ../nbs/02_distrib.ipynb #55fc3866
+# %% ../nbs/02_distrib.ipynb #9eca4522
 for _o in (setup_distrib, teardown_distrib, rank0_first): setattr(fd, _o.__name__, _o) # `from fastai.distributed import *` gets ours

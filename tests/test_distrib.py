@@ -32,7 +32,8 @@ learn = mk(dsets, bs)
 class Typ(Callback):
     def after_batch(self): report(in_ctx=type(self.learn.model).__name__)
 with learn.distrib_ctx(): learn.fit(2, cbs=Typ())
-report(w=learn.model.weight.detach().clone(), model=type(learn.model).__name__,
+report(w=learn.model.weight.detach().clone(), model=type(learn.model).__name__, losses=[float(o) for o in learn.recorder.losses],
+       vals=learn.recorder.values,
        cbs=[type(o).__name__ for o in learn.cbs])
 if rank()==0:
     m = -(-n//ws)
@@ -41,7 +42,7 @@ if rank()==0:
     order = [i for s in range(0,m,bs) for b in blocks for i in b[s:s+bs]]
     ref = mk([dsets[i] for i in order], bs*ws)
     ref.fit(2)
-    report(ref=ref.model.weight.detach().clone())
+    report(ref=ref.model.weight.detach().clone(), ref_losses=[float(o) for o in ref.recorder.losses], ref_vals=ref.recorder.values)
     # after the context, the learner trains as a single process again, on rank 0 alone
     w0 = learn.model.weight.detach().clone()
     learn.fit(1)
@@ -67,6 +68,10 @@ def _check_equiv(rs, n, ws, log):
     for o in rs[1:]: assert (o['w']-rs[0]['w']).abs().max()<1e-6, "ranks ended with different weights"
     assert (rs[0]['w']-rs[0]['ref']).abs().max()<1e-5, (rs[0]['w'], rs[0]['ref'])
     assert rs[0]['single_again']
+    # the smoothed training loss, recorded per step and per epoch, is the one-process loss of the global batch, on every rank
+    for o in rs:
+        assert all(abs(a-b)<1e-5*max(1,abs(b)) for a,b in zip(o['losses'], rs[0]['ref_losses'])) and len(o['losses'])==len(rs[0]['ref_losses'])
+        assert all(abs(x-y)<1e-5*max(1,abs(y)) for a,b in zip(o['vals'], rs[0]['ref_vals']) for x,y in zip(a,b)) # train and valid loss
     # rank0_first: rank 0 started and ended before any other rank started
     lines = log.read_text().split()
     ev = list(zip(lines[::2], lines[1::2]))
