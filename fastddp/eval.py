@@ -7,14 +7,15 @@ Docs: https://fastddp.github.io/fastddp/eval.html.md"""
 # %% auto #0
 __all__ = ['shard', 'all_gather_list', 'reduce_metrics']
 
-# %% ../nbs/02a_eval.ipynb #ec1799c7
+# %% ../nbs/02a_eval.ipynb #de4b75a8
 import torch, torch.distributed as dist
 from fastai.basics import *
 from fastai.distributed import *
 from fastai.callback.core import GatherPredsCallback
+from fastai.callback.progress import CSVLogger
 from .core import *
 
-# %% ../nbs/02a_eval.ipynb #2ea1dc1b
+# %% ../nbs/02a_eval.ipynb #ce766a5c
 def shard(n:int, # items in the epoch's order
           ws:int, # world size
           r:int): # rank
@@ -22,7 +23,7 @@ def shard(n:int, # items in the epoch's order
     m = -(-n//ws) # the block size fastai's `DistributedDL` uses, so rank r starts where it does
     return min(r*m, n), min((r+1)*m, n)
 
-# %% ../nbs/02a_eval.ipynb #2d59e499
+# %% ../nbs/02a_eval.ipynb #881ee5f2
 @patch
 def get_idxs(self:DistributedDL):
     "This rank's indices: padded to equal shards for training, the exact unpadded block for validation"
@@ -37,7 +38,7 @@ def get_idxs(self:DistributedDL):
     m = self.n_padded//self.world_size
     return idxs[self.rank*m:(self.rank+1)*m]
 
-# %% ../nbs/02a_eval.ipynb #605e1c48
+# %% ../nbs/02a_eval.ipynb #13352328
 @patch
 def __len__(self:DistributedDL):
     "Batches this rank will yield"
@@ -45,7 +46,7 @@ def __len__(self:DistributedDL):
     a,b = shard(self.dl.n, self.world_size, self.rank)
     return (b-a)//self.bs if self.drop_last else -(-(b-a)//self.bs)
 
-# %% ../nbs/02a_eval.ipynb #619a5b33
+# %% ../nbs/02a_eval.ipynb #927c188f
 @patch
 def to_detach(self:DistributedDL, b, cpu=True, gather=True):
     "Detach `b`; in validation keep it on this rank (no per-batch collective, no padding to trim)"
@@ -58,7 +59,7 @@ def to_detach(self:DistributedDL, b, cpu=True, gather=True):
         return o[:n or None]
     return apply(_trim, b)
 
-# %% ../nbs/02a_eval.ipynb #a4e5e100
+# %% ../nbs/02a_eval.ipynb #df03401b
 def all_gather_list(o):
     "`o` from every rank, in rank order (any picklable object; one collective)"
     if not dist.is_initialized() or dist.get_world_size()==1: return [o]
@@ -66,12 +67,12 @@ def all_gather_list(o):
     dist.all_gather_object(res, o)
     return res
 
-# %% ../nbs/02a_eval.ipynb #269c66d0
+# %% ../nbs/02a_eval.ipynb #610010b1
 def _cat(bs):
     "Concatenate a list of batches (tensors or tuples of tensors), as `GatherPredsCallback` does"
     return detuplify(to_concat(bs)) if len(bs) else None
 
-# %% ../nbs/02a_eval.ipynb #cc8d4e54
+# %% ../nbs/02a_eval.ipynb #7b2c5280
 @patch
 def after_validate(self:GatherPredsCallback):
     "Join the batches of every rank in rank order (dataset order), then concatenate"
@@ -85,7 +86,7 @@ def after_validate(self:GatherPredsCallback):
     if self.with_targs: self.targets = _cat(self.targets)
     if self.with_loss:  self.losses  = to_concat(self.losses)
 
-# %% ../nbs/02a_eval.ipynb #f7b120c1
+# %% ../nbs/02a_eval.ipynb #346ae1dd
 def reduce_metrics(mets):
     "Combine the validation state of `mets` across ranks, in one exchange"
     st = []
@@ -103,3 +104,30 @@ def reduce_metrics(mets):
         else:
             t = torch.tensor([p for p in ps], dtype=torch.float64).sum(0)
             m.total,m.count = t[0].item(),t[1].item()
+
+# %% ../nbs/02a_eval.ipynb #11717338
+def _is_ddp(learn): return any(isinstance(o, DistributedTrainer) for o in learn.cbs)
+
+_csv_before_fit = CSVLogger.before_fit
+@patch
+def before_fit(self:CSVLogger):
+    "Prepare the log file, on rank 0 only when training data-parallel"
+    if rank_distrib() and _is_ddp(self.learn): self.run = False; return # skips this fit's events; fastai resets `run` after it
+    _csv_before_fit(self)
+
+# %% ../nbs/02a_eval.ipynb #640dc368
+from fastai.callback.schedule import LRFinder
+_lrf_before_fit = LRFinder.before_fit
+@patch
+def before_fit(self:LRFinder):
+    "Save the weights to restore; under DDP every rank restores the copy rank 0 saved"
+    _lrf_before_fit(self)
+    if _is_ddp(self.learn): self.tmp_p = all_gather_list(self.tmp_p)[0] # also waits for rank 0's save
+
+@patch
+def after_fit(self:LRFinder):
+    "Restore the weights saved before the search"
+    self.learn.opt.zero_grad() # needed before detaching the optimizer for future fits
+    if (self.path/self.model_dir/self.tmp_p/'_tmp.pth').exists(): self.learn.load(f'{self.tmp_p}/_tmp', with_opt=True)
+    if _is_ddp(self.learn): distrib_barrier() # rank 0 removes the file only once every rank has read it
+    self.tmp_d.cleanup()

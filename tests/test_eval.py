@@ -62,6 +62,19 @@ if text: # a text classifier (AWD-LSTM, no pretrained weights here)
     tdf = pd.DataFrame({'text': [' '.join(rng.choice(words[l], 6)) for l in lbl], 'label': lbl, 'is_valid': [i>=29 for i in range(40)]})
     tdls = TextDataLoaders.from_df(tdf, text_col='text', label_col='label', valid_col='is_valid', bs=4, seq_len=16, device='cpu')
     both('text', text_classifier_learner(tdls, AWD_LSTM, pretrained=False, metrics=accuracy))
+    # rank-safe callbacks: one CSV log, the best model saved once and reloaded everywhere, early stopping on the
+    # global metric, lr_find restoring the same weights with the same suggestion on every rank
+    learn = tabular_learner(dls, layers=[16], metrics=accuracy, path=path/'run')
+    w0 = [p.detach().clone() for p in learn.model.parameters()]
+    with learn.distrib_ctx():
+        sug = learn.lr_find(num_it=12, show_plot=False)
+        back = all(torch.equal(a,b) for a,b in zip(w0, learn.model.parameters()))
+        learn.fit(3, 1e-2, cbs=[CSVLogger(), SaveModelCallback(fname='best'), EarlyStoppingCallback(patience=0, min_delta=10)])
+    learn.export('export.pkl')
+    distrib_barrier()
+    out['cbs'] = dict(sug=float(sug.valley), back=back, w=[p.detach().clone() for p in learn.model.parameters()],
+                      csv=(path/'run'/'history.csv').read_text(), epochs=len(learn.recorder.values),
+                      files=sorted(str(o.relative_to(path/'run')) for o in (path/'run').rglob('*') if o.is_file()))
 report(**out)
 '''
 
@@ -80,10 +93,19 @@ def test_exact_eval(ws, text, tmp_path):
     rs = run_ranks(EVAL, n=ws, args=[tmp_path/'adult', 'text' if text else 'no'], launcher='torchrun', timeout=600)
     for r,o in enumerate(rs):
         for nm,d in o.items():
+            if nm=='cbs': continue
             one,ddp = d['one'],d['ddp']
             assert all(_close(a,b) for a,b in zip(ddp['val'], one['val'])), (r, nm, ddp['val'], one['val'])
             assert _eq_tensors(ddp['preds'], one['preds']), (r, nm)        # dataset order, no duplicates, inputs and decoded too
             if 'test' in one: assert _eq_tensors(ddp['test'], one['test']), (r, nm)
             # the values recorded after a data-parallel epoch equal one process's evaluation of the weights it ended with
             assert all(_close(a,b) for a,b in zip(d['rec'][1:1+len(d['rec_one'])], d['rec_one'])), (r, nm, d['rec'], d['rec_one'])
-    assert set(rs[0])=={'tab','reg','vision','tiny'} | ({'text'} if text else set())
+    assert set(rs[0])=={'tab','reg','vision','tiny'} | ({'text','cbs'} if text else set())
+    if text:
+        cb = [o['cbs'] for o in rs]
+        assert all(o['back'] for o in cb) and len({o['sug'] for o in cb})==1      # lr_find: same suggestion, weights restored
+        assert all(_eq_tensors(o['w'], cb[0]['w']) for o in cb)                   # the best model, reloaded on every rank
+        assert {o['epochs'] for o in cb}=={2}                                     # early stopping after the 2nd epoch, everywhere
+        lines = cb[0]['csv'].splitlines()
+        assert len(lines)==3 and lines[0].startswith('epoch,train_loss,valid_loss,accuracy')  # the header and 2 epochs, once
+        assert cb[0]['files']==['export.pkl', 'history.csv', 'models/best.pth']
