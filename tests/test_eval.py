@@ -54,6 +54,11 @@ small = DataLoaders(DataLoader(ds[:20], bs=4), DataLoader(ds[20:22], bs=4), devi
 torch.manual_seed(0)
 both('tiny', Learner(small, nn.Sequential(Flatten(), nn.Linear(768,2)), loss_func=CrossEntropyLossFlat(), metrics=accuracy))
 
+# an empty validation set: no hang, the single-process result ([None, None])
+empty = DataLoaders(DataLoader(ds[:20], bs=4), DataLoader([], bs=4), device='cpu')
+el = Learner(empty, nn.Sequential(Flatten(), nn.Linear(768,2)), loss_func=CrossEntropyLossFlat(), metrics=accuracy)
+with el.distrib_ctx(): out['empty'] = dict(one=[None,None], ddp=list(el.validate()))
+
 if text: # a text classifier (AWD-LSTM, no pretrained weights here)
     from fastai.text.all import *
     words = [['good','great','fine','nice'], ['bad','awful','poor','dull']]
@@ -94,13 +99,14 @@ def test_exact_eval(ws, text, tmp_path):
     for r,o in enumerate(rs):
         for nm,d in o.items():
             if nm=='cbs': continue
+            if nm=='empty': assert d['ddp']==[None, None]; continue
             one,ddp = d['one'],d['ddp']
             assert all(_close(a,b) for a,b in zip(ddp['val'], one['val'])), (r, nm, ddp['val'], one['val'])
             assert _eq_tensors(ddp['preds'], one['preds']), (r, nm)        # dataset order, no duplicates, inputs and decoded too
             if 'test' in one: assert _eq_tensors(ddp['test'], one['test']), (r, nm)
             # the values recorded after a data-parallel epoch equal one process's evaluation of the weights it ended with
             assert all(_close(a,b) for a,b in zip(d['rec'][1:1+len(d['rec_one'])], d['rec_one'])), (r, nm, d['rec'], d['rec_one'])
-    assert set(rs[0])=={'tab','reg','vision','tiny'} | ({'text','cbs'} if text else set())
+    assert set(rs[0])=={'tab','reg','vision','tiny','empty'} | ({'text','cbs'} if text else set())
     if text:
         cb = [o['cbs'] for o in rs]
         assert all(o['back'] for o in cb) and len({o['sug'] for o in cb})==1      # lr_find: same suggestion, weights restored
