@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'rank0_first', 'maybe_gather']
 
-# %% ../nbs/02_distrib.ipynb #0b688f25
+# %% ../nbs/02_distrib.ipynb #a330bb0f
 import sys, atexit
 import torch, torch.distributed as dist
 from torch import nn
@@ -18,7 +18,7 @@ from fastai.callback.progress import ProgressCallback
 from accelerate import Accelerator
 from .core import *
 
-# %% ../nbs/02_distrib.ipynb #ab96c83e
+# %% ../nbs/02_distrib.ipynb #8a5c9186
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
                   backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Join the process group with a backend this machine can run; return the GPU index, or None on CPU"
@@ -30,12 +30,12 @@ def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
         atexit.register(teardown_distrib) # leaving without it can abort the process at exit (and torch warns for nccl)
     return gpu
 
-# %% ../nbs/02_distrib.ipynb #5dba4e4a
+# %% ../nbs/02_distrib.ipynb #aa198443
 def teardown_distrib():
     "Leave the process group, if this process is in one"
     if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/02_distrib.ipynb #cb5df9d8
+# %% ../nbs/02_distrib.ipynb #8746690a
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation"
     if args or kwargs: func = partial(func, *args, **kwargs)
@@ -45,7 +45,7 @@ def rank0_first(func, *args, **kwargs):
     if not is_rank0(): res = func()
     return res
 
-# %% ../nbs/02_distrib.ipynb #85879784
+# %% ../nbs/02_distrib.ipynb #11d7c896
 @patch
 def _broadcast(self:DistributedDL, t, rank):
     "Broadcast `t` from `rank` on the device the backend moves: CUDA for nccl, CPU for gloo"
@@ -54,7 +54,7 @@ def _broadcast(self:DistributedDL, t, rank):
     dist.broadcast(t, rank)
     return t.cpu().tolist()
 
-# %% ../nbs/02_distrib.ipynb #1cf9fb1f
+# %% ../nbs/02_distrib.ipynb #7cf48921
 @patch
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -65,7 +65,7 @@ def __init__(self:DistributedTrainer,
     if check_backend(backend)=='gloo': kwargs.setdefault('cpu', True)
     self.accelerator = Accelerator(**kwargs)
 
-# %% ../nbs/02_distrib.ipynb #f9eeaf6b
+# %% ../nbs/02_distrib.ipynb #7b0fcf1c
 def _has_bn(m): return any(isinstance(o, nn.modules.batchnorm._BatchNorm) for o in m.modules())
 
 @patch
@@ -77,7 +77,7 @@ def _use_sync_bn(self:DistributedTrainer):
         return False
     return world_size()>1 if self.sync_bn is None else self.sync_bn
 
-# %% ../nbs/02_distrib.ipynb #895d4e09
+# %% ../nbs/02_distrib.ipynb #31325952
 from fastai.optimizer import Optimizer
 
 @patch
@@ -87,7 +87,7 @@ def zero_grad(self:Optimizer):
         if getattr(self, 'set_to_none', False): p.grad = None
         else: p.grad.detach_(); p.grad.zero_()
 
-# %% ../nbs/02_distrib.ipynb #aeb1d70a
+# %% ../nbs/02_distrib.ipynb #9ab62222
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     "Shard `dl` across ranks, its batches on this rank's device; `exact`: unpadded, for validation"
@@ -96,7 +96,7 @@ def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     res.exact = exact
     return res
 
-# %% ../nbs/02_distrib.ipynb #bc45d3d9
+# %% ../nbs/02_distrib.ipynb #2729f59e
 @patch
 def before_fit(self:DistributedTrainer):
     m = self.model
@@ -107,13 +107,13 @@ def before_fit(self:DistributedTrainer):
     if rank_distrib(): self.learn.logger = noop
     if self.opt is not None: self.opt.set_to_none = True
 
-# %% ../nbs/02_distrib.ipynb #e779d7a2
+# %% ../nbs/02_distrib.ipynb #ca99c315
 @patch
 def after_fit(self:DistributedTrainer):
     self.learn.model,self.learn.dls.loaders = self.learn.model.module,self.old_dls
     if self.opt is not None: self.opt.set_to_none = False
 
-# %% ../nbs/02_distrib.ipynb #7a170502
+# %% ../nbs/02_distrib.ipynb #b216e2f0
 @patch
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, exact=True)
@@ -126,7 +126,7 @@ def after_validate(self:DistributedTrainer):
     rec = getattr(self.learn, 'recorder', None)
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
-# %% ../nbs/02_distrib.ipynb #c1bf362b
+# %% ../nbs/02_distrib.ipynb #659abf0f
 import fastai.torch_core as ftc
 _active = [] # learners that are training data-parallel now
 _maybe_gather = ftc.maybe_gather
@@ -137,7 +137,7 @@ def maybe_gather(x, axis=0):
 
 ftc.maybe_gather = maybe_gather
 
-# %% ../nbs/02_distrib.ipynb #60049f03
+# %% ../nbs/02_distrib.ipynb #9e6efcdf
 @patch
 def to_distributed(self:Learner,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -149,7 +149,7 @@ def to_distributed(self:Learner,
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
-# %% ../nbs/02_distrib.ipynb #40c3ed0a
+# %% ../nbs/02_distrib.ipynb #be7c0f60
 @patch
 def detach_distributed(self:Learner):
     "Remove the `DistributedTrainer`, at any world size"
@@ -160,7 +160,7 @@ def detach_distributed(self:Learner):
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
-# %% ../nbs/02_distrib.ipynb #a0fe5045
+# %% ../nbs/02_distrib.ipynb #58632bbd
 @patch
 @contextmanager
 def distrib_ctx(self:Learner,
@@ -182,5 +182,5 @@ def distrib_ctx(self:Learner,
         self.detach_distributed()
         if cleanup: teardown_distrib()
 
-# %% ../nbs/02_distrib.ipynb #0ce04311
+# %% ../nbs/02_distrib.ipynb #9b8adeb3
 for _o in (setup_distrib, teardown_distrib, rank0_first): setattr(fd, _o.__name__, _o) # `from fastai.distributed import *` gets ours

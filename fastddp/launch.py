@@ -8,21 +8,21 @@ Docs: https://fastddp.github.io/fastddp/launch.html.md"""
 __all__ = ['LaunchError', 'parse_gpus', 'plan_procs', 'port_free', 'free_port', 'fail_msg', 'launch_config', 'launch', 'main',
            'Ranks', 'run_ranks']
 
-# %% ../nbs/01_launch.ipynb #8f211fab
+# %% ../nbs/01_launch.ipynb #82f74b87
 import os, sys, socket, argparse, shlex, signal, subprocess, tempfile, uuid, time
 from pathlib import Path
 from .core import *
 
-# %% ../nbs/01_launch.ipynb #d2479089
+# %% ../nbs/01_launch.ipynb #5d42bf86
 class LaunchError(ValueError):
     "Bad launcher input: one line, exit code 2, nothing started"
 
-# %% ../nbs/01_launch.ipynb #314a3fe5
+# %% ../nbs/01_launch.ipynb #66763e48
 def _n_gpus():
     import torch
     return torch.cuda.device_count()
 
-# %% ../nbs/01_launch.ipynb #4fccc05c
+# %% ../nbs/01_launch.ipynb #340196c6
 def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2'
                n_gpus:int): # GPUs on this machine
     "GPU ids that `gpus` names, checked against the `n_gpus` this machine has"
@@ -34,7 +34,7 @@ def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2'
     if bad: raise LaunchError(f"--gpus {gpus!r}: GPU {bad[0]} does not exist; this machine has {n_gpus or 'no'} GPU(s)"+("" if n_gpus else ": leave --gpus out to run CPU processes"))
     return ids
 
-# %% ../nbs/01_launch.ipynb #1b61f0be
+# %% ../nbs/01_launch.ipynb #111111d7
 def plan_procs(gpus:str='all', # `--gpus`
                nproc:int=None, # `--nproc`: processes on this node
                n_gpus:int=None): # GPUs on this machine (counted when None)
@@ -50,19 +50,19 @@ def plan_procs(gpus:str='all', # `--gpus`
     vis = None if gpus=='all' and len(ids)==n_gpus else ','.join(map(str, ids))
     return len(ids), vis, None
 
-# %% ../nbs/01_launch.ipynb #e0a2236e
+# %% ../nbs/01_launch.ipynb #f739a4c7
 def port_free(port:int, addr:str='127.0.0.1'):
     "Can a server bind `addr:port` now?"
     with socket.socket() as s:
         try: s.bind((addr, port)); return True
         except OSError: return False
 
-# %% ../nbs/01_launch.ipynb #a79090cd
+# %% ../nbs/01_launch.ipynb #65fa8a6d
 def free_port(addr:str='127.0.0.1'):
     "A port nothing listens on now"
     with socket.socket() as s: s.bind((addr, 0)); return s.getsockname()[1]
 
-# %% ../nbs/01_launch.ipynb #d3d36051
+# %% ../nbs/01_launch.ipynb #f1a85d21
 def _why(f):
     "Exit code or signal of a `ProcessFailure`, and the first line of its exception when the worker recorded one"
     why = f"killed by {f.signal_name()}" if f.exitcode<0 else f"exit code {f.exitcode}"
@@ -70,7 +70,7 @@ def _why(f):
     msg = msg.strip().splitlines()[0] if msg.strip() and not msg.startswith(('To enable traceback', 'Signal ')) else ''
     return why+(f": {msg}" if msg else "")
 
-# %% ../nbs/01_launch.ipynb #f17d861e
+# %% ../nbs/01_launch.ipynb #0a2fb64b
 def fail_msg(e):
     "Lines naming the rank that failed first (and why) from torch's `ChildFailedError`"
     fs = e.failures
@@ -82,7 +82,7 @@ def fail_msg(e):
     if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it (usually: their peer was gone)")
     return res
 
-# %% ../nbs/01_launch.ipynb #71b91c95
+# %% ../nbs/01_launch.ipynb #2e38ac85
 def _parser():
     p = argparse.ArgumentParser(prog='fastddp-launch', description="Start a training script on every GPU, or on CPU processes with gloo.")
     p.add_argument('--gpus', default='all', help="GPUs to use: 'all' or ids such as 0,1 (fastai's launcher argument)")
@@ -97,7 +97,7 @@ def _parser():
     p.add_argument('args', nargs=argparse.REMAINDER, help="arguments for the script")
     return p
 
-# %% ../nbs/01_launch.ipynb #d4ecd20c
+# %% ../nbs/01_launch.ipynb #99683076
 def launch_config(a):
     "torch's `LaunchConfig` for the parsed arguments `a`, after checking them; also returns a line to print"
     from torch.distributed.launcher.api import LaunchConfig
@@ -119,7 +119,7 @@ def launch_config(a):
                         rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=cfg, max_restarts=a.max_restarts,
                         monitor_interval=0.1, logs_specs=logs, log_line_prefix_template='[rank${rank}]:'), msg
 
-# %% ../nbs/01_launch.ipynb #d2f911b7
+# %% ../nbs/01_launch.ipynb #955440fc
 def launch(argv=None):
     "Parse `argv`, start the workers and wait for them; return the exit code"
     a = _parser().parse_args(argv)
@@ -148,27 +148,27 @@ def launch(argv=None):
         return 1
     return 0
 
-# %% ../nbs/01_launch.ipynb #e2d10e9b
+# %% ../nbs/01_launch.ipynb #7c8b0777
 def main():
     "Entry point of `fastddp-launch`, `python -m fastddp.launch` and `python -m fastai.launch`"
     sys.exit(launch())
 
-# %% ../nbs/01_launch.ipynb #968831ab
+# %% ../nbs/01_launch.ipynb #2c35f180
 if __name__=='__main__': main()
 
-# %% ../nbs/01_launch.ipynb #be81dc99
+# %% ../nbs/01_launch.ipynb #b377874c
 class Ranks(list):
     "One report per rank, with the launcher's exit code `rc` and its output `out`"
     rc,out = 0,''
 
-# %% ../nbs/01_launch.ipynb #f0deecde
+# %% ../nbs/01_launch.ipynb #96d30d9e
 _launchers = {'fastddp': [sys.executable, '-m', 'fastddp.launch', '--nproc', '{n}'],
               'fastai': [sys.executable, '-m', 'fastai.launch', '--nproc', '{n}'],
               'torchrun': [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '{n}'],
               'accelerate': [sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes', '{n}', '--num_machines', '1', '--main_process_port', '{port}'],
               'python': [sys.executable]}
 
-# %% ../nbs/01_launch.ipynb #ab0f9f8a
+# %% ../nbs/01_launch.ipynb #07205fa6
 def run_ranks(code:str, # the script's source, or the path of a script
               n:int=2, # number of processes
               args:list=(), # the script's arguments
