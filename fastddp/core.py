@@ -9,39 +9,39 @@ __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_
            'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'distrib_timeout', 'init_distrib',
            'report', 'read_reports']
 
-# %% ../nbs/00_core.ipynb #406e5839
+# %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, pickle, datetime
 from pathlib import Path
 
-# %% ../nbs/00_core.ipynb #7249bbfe
+# %% ../nbs/00_core.ipynb #f830cd69
 def _env_int(k, default): return int(os.environ.get(k) or default)
 
-# %% ../nbs/00_core.ipynb #33b7753a
+# %% ../nbs/00_core.ipynb #d5d0ce3a
 def world_size():
     "Number of processes in the run (1 outside a launcher)"
     return _env_int('WORLD_SIZE', 1)
 
-# %% ../nbs/00_core.ipynb #624f7931
+# %% ../nbs/00_core.ipynb #f21f0317
 def rank():
     "Global rank of this process (0 outside a launcher)"
     return _env_int('RANK', 0)
 
-# %% ../nbs/00_core.ipynb #378f0d52
+# %% ../nbs/00_core.ipynb #8fa58892
 def local_rank():
     "Rank of this process on its machine: the GPU it uses"
     return _env_int('LOCAL_RANK', 0)
 
-# %% ../nbs/00_core.ipynb #44b5881f
+# %% ../nbs/00_core.ipynb #29c2f910
 def is_rank0():
     "Is this the process that prints, saves and exports?"
     return rank()==0
 
-# %% ../nbs/00_core.ipynb #fbbace03
+# %% ../nbs/00_core.ipynb #9efa742a
 def rank0_print(*args, **kwargs):
     "`print` on rank 0 only"
     if is_rank0(): print(*args, **{'flush':True, **kwargs})
 
-# %% ../nbs/00_core.ipynb #5811358a
+# %% ../nbs/00_core.ipynb #291242e3
 _warned = set()
 def warn_once(msg):
     "Print `msg` to stderr once per process, on rank 0 only"
@@ -49,22 +49,22 @@ def warn_once(msg):
     _warned.add(msg)
     print(f"fastddp: {msg}", file=sys.stderr, flush=True)
 
-# %% ../nbs/00_core.ipynb #2e1a1eeb
+# %% ../nbs/00_core.ipynb #c45f2ca0
 class DistribError(RuntimeError):
     "A distributed set-up that cannot work, with the one-line reason"
 
-# %% ../nbs/00_core.ipynb #b7129a33
+# %% ../nbs/00_core.ipynb #53650ed2
 def has_cuda():
     "Can this process use a CUDA GPU?"
     import torch
     return torch.cuda.is_available()
 
-# %% ../nbs/00_core.ipynb #4e488574
+# %% ../nbs/00_core.ipynb #f7038302
 def default_backend():
     "nccl when there is a GPU, gloo otherwise"
     return 'nccl' if has_cuda() else 'gloo'
 
-# %% ../nbs/00_core.ipynb #1a1c6009
+# %% ../nbs/00_core.ipynb #5bae9e30
 def check_gpu(lr:int=None, # local rank (`LOCAL_RANK` when None)
               n:int=None): # visible GPUs (counted when None)
     "Raise one clear error when local rank `lr` has no GPU of its own among the `n` visible"
@@ -75,7 +75,7 @@ def check_gpu(lr:int=None, # local rank (`LOCAL_RANK` when None)
     if lr>=n: raise DistribError(f"LOCAL_RANK={lr} needs GPU {lr}, but only {n} GPU(s) are visible"+(f" (CUDA_VISIBLE_DEVICES={vis})" if vis else "")+": start at most one process per GPU")
     return lr
 
-# %% ../nbs/00_core.ipynb #3fd22269
+# %% ../nbs/00_core.ipynb #29351692
 def check_backend(backend=None):
     "Return `backend` (or the default), with one clear error if this machine cannot run it"
     be = backend or default_backend()
@@ -84,29 +84,29 @@ def check_backend(backend=None):
     if be=='nccl': check_gpu()
     return be
 
-# %% ../nbs/00_core.ipynb #9c6a20aa
+# %% ../nbs/00_core.ipynb #7557e8f0
 def distrib_device():
     "The device this rank trains on: `cuda:LOCAL_RANK`, or the CPU"
     import torch
     return torch.device('cuda', local_rank()) if has_cuda() else torch.device('cpu')
 
-# %% ../nbs/00_core.ipynb #caee08b6
+# %% ../nbs/00_core.ipynb #5e75a7af
 def distrib_timeout():
     "How long a collective waits for a peer (`FASTDDP_TIMEOUT` seconds, default 300)"
     return datetime.timedelta(seconds=float(os.environ.get('FASTDDP_TIMEOUT') or 300))
 
-# %% ../nbs/00_core.ipynb #70e3c904
+# %% ../nbs/00_core.ipynb #0c5dbf28
 def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Create the default process group from the launcher's environment, with our timeout, surviving elastic restarts"
     import torch.distributed as dist
     kw = dict(backend=check_backend(backend), timeout=distrib_timeout())
     n = os.environ.get('TORCHELASTIC_RESTART_COUNT')
-    if n and os.environ.get('TORCHELASTIC_USE_AGENT_STORE')=='True':
+    if n and n!='0' and os.environ.get('TORCHELASTIC_USE_AGENT_STORE')=='True': # a restart: torch's own path is fine the first time
         st = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world_size(), is_master=False, timeout=kw['timeout'])
         kw.update(store=dist.PrefixStore(f'fastddp/attempt_{n}', st), rank=rank(), world_size=world_size())
     dist.init_process_group(**kw)
 
-# %% ../nbs/00_core.ipynb #9757588c
+# %% ../nbs/00_core.ipynb #11005453
 def report(**kwargs):
     "Add `kwargs` to this rank's report, when `FASTDDP_REPORT_DIR` asks for one"
     d = os.environ.get('FASTDDP_REPORT_DIR')
@@ -118,7 +118,7 @@ def report(**kwargs):
     tmp.write_bytes(pickle.dumps(res))
     tmp.replace(fn) # a rank killed mid-write leaves its previous report whole
 
-# %% ../nbs/00_core.ipynb #6e6151a5
+# %% ../nbs/00_core.ipynb #ee7a9c57
 def read_reports(path, n=None):
     "The reports in `path`, one dict per rank (missing ranks give `None`)"
     path = Path(path)

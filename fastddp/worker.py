@@ -7,11 +7,19 @@ Docs: https://fastddp.github.io/fastddp/worker.html.md"""
 # %% auto #0
 __all__ = ['run_script']
 
-# %% ../nbs/01a_worker.ipynb #23b9ccc6
+# %% ../nbs/01a_worker.ipynb #10a02e28
 import os, sys, runpy, traceback
 from .core import DistribError
 
-# %% ../nbs/01a_worker.ipynb #61421ab7
+# %% ../nbs/01a_worker.ipynb #9ed0ff4c
+def _exit(code):
+    "Run the exit handlers, flush, and leave without finalising the interpreter"
+    import atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(code)
+
+# %% ../nbs/01a_worker.ipynb #e0384bf0
 def run_script(path, # the script to run as `__main__`
                *args): # its command-line arguments
     "Run `path` as `__main__` with `args`, as `python path args` would"
@@ -22,10 +30,15 @@ def run_script(path, # the script to run as `__main__`
     try: record(runpy.run_path)(path, run_name='__main__')
     except DistribError as e:
         print(f"rank {os.environ.get('RANK', 0)}: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        _exit(2)
+    except SystemExit as e: # `sys.exit(...)` in the script: the exit code Python would give
+        if e.code is None or isinstance(e.code, int): _exit(e.code or 0)
+        print(e.code, file=sys.stderr)
+        _exit(1)
     except Exception:
         traceback.print_exc() # ourselves: torch's excepthook would prefix every line with a second `[rankN]:`
-        sys.exit(1)
+        _exit(1)
+    _exit(0)
 
-# %% ../nbs/01a_worker.ipynb #5cd37292
+# %% ../nbs/01a_worker.ipynb #43f23488
 if __name__=='__main__': run_script(*sys.argv[1:])

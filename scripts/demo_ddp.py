@@ -20,5 +20,5 @@ def main(path:str='~/.fastddp/demo', # where the generated dataset goes
     learn = tabular_learner(dls, metrics=accuracy)
     rank0_print(f"training on {world_size()} process(es), {distrib_device().type}, per-process batch {bs}")
     with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 1e-2)
-    loss,acc = learn.validate()
+    loss,acc = learn.recorder.values[-1][1:3] # exact: the numbers one process would compute on these weights
     rank0_print(f"done: valid loss {loss:.4f}, accuracy {acc:.4f}")
