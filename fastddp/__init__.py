@@ -7,10 +7,10 @@ Docs: https://fastddp.github.io/fastddp/init.html.md"""
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/00_init.ipynb #e80262d0
+# %% ../nbs/00_init.ipynb #ceaf033a
 __version__ = "0.1.0"
 import sys, importlib, importlib.abc, importlib.util
-_patches = 'fastddp.distrib','fastddp.eval' # the modules that patch fastai
+_patches = 'fastddp.distrib','fastddp.eval','fastddp.train' # the modules that patch fastai
 
 class _PatchFastai(importlib.abc.MetaPathFinder):
     "Patch `fastai.distributed` with `fastddp.distrib` as soon as it has been imported"

@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'rank0_first', 'maybe_gather']
 
-# %% ../nbs/02_distrib.ipynb #a330bb0f
+# %% ../nbs/02_distrib.ipynb #752f886e
 import sys, atexit
 import torch, torch.distributed as dist
 from torch import nn
@@ -18,7 +18,7 @@ from fastai.callback.progress import ProgressCallback
 from accelerate import Accelerator
 from .core import *
 
-# %% ../nbs/02_distrib.ipynb #8a5c9186
+# %% ../nbs/02_distrib.ipynb #929d07c8
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
                   backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Join the process group with a backend this machine can run; return the GPU index, or None on CPU"
@@ -30,12 +30,12 @@ def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
         atexit.register(teardown_distrib) # leaving without it can abort the process at exit (and torch warns for nccl)
     return gpu
 
-# %% ../nbs/02_distrib.ipynb #aa198443
+# %% ../nbs/02_distrib.ipynb #9f319f97
 def teardown_distrib():
     "Leave the process group, if this process is in one"
     if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/02_distrib.ipynb #8746690a
+# %% ../nbs/02_distrib.ipynb #0f869090
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation"
     if args or kwargs: func = partial(func, *args, **kwargs)
@@ -45,7 +45,7 @@ def rank0_first(func, *args, **kwargs):
     if not is_rank0(): res = func()
     return res
 
-# %% ../nbs/02_distrib.ipynb #11d7c896
+# %% ../nbs/02_distrib.ipynb #e6dbaf83
 @patch
 def _broadcast(self:DistributedDL, t, rank):
     "Broadcast `t` from `rank` on the device the backend moves: CUDA for nccl, CPU for gloo"
@@ -54,18 +54,23 @@ def _broadcast(self:DistributedDL, t, rank):
     dist.broadcast(t, rank)
     return t.cpu().tolist()
 
-# %% ../nbs/02_distrib.ipynb #7cf48921
+# %% ../nbs/02_distrib.ipynb #6607307f
 @patch
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
         backend:str=None, # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
-        **kwargs): # passed to `Accelerator`
-    store_attr('sync_bn,backend')
+        comm_hook:str=None, # DDP communication hook: 'fp16', 'bf16' (nccl only) or 'powersgd' (see `fastddp.train`)
+        powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
+        comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
+        **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
+    from fastddp.train import ddp_kwargs, check_hook
+    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats')
+    check_hook(comm_hook, check_backend(backend))
     setup_distrib(backend=backend)
     if check_backend(backend)=='gloo': kwargs.setdefault('cpu', True)
-    self.accelerator = Accelerator(**kwargs)
+    self.accelerator = Accelerator(**ddp_kwargs(kwargs))
 
-# %% ../nbs/02_distrib.ipynb #7b0fcf1c
+# %% ../nbs/02_distrib.ipynb #9e3ca08f
 def _has_bn(m): return any(isinstance(o, nn.modules.batchnorm._BatchNorm) for o in m.modules())
 
 @patch
@@ -77,7 +82,7 @@ def _use_sync_bn(self:DistributedTrainer):
         return False
     return world_size()>1 if self.sync_bn is None else self.sync_bn
 
-# %% ../nbs/02_distrib.ipynb #31325952
+# %% ../nbs/02_distrib.ipynb #1fe557f1
 from fastai.optimizer import Optimizer
 
 @patch
@@ -87,7 +92,7 @@ def zero_grad(self:Optimizer):
         if getattr(self, 'set_to_none', False): p.grad = None
         else: p.grad.detach_(); p.grad.zero_()
 
-# %% ../nbs/02_distrib.ipynb #9ab62222
+# %% ../nbs/02_distrib.ipynb #6c20d27d
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     "Shard `dl` across ranks, its batches on this rank's device; `exact`: unpadded, for validation"
@@ -96,7 +101,7 @@ def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     res.exact = exact
     return res
 
-# %% ../nbs/02_distrib.ipynb #2729f59e
+# %% ../nbs/02_distrib.ipynb #96a2f4e9
 @patch
 def before_fit(self:DistributedTrainer):
     m = self.model
@@ -106,14 +111,18 @@ def before_fit(self:DistributedTrainer):
     self.learn.dls.loaders = [self._wrap_dl(dl, exact=i>0) for i,dl in enumerate(self.dls)]
     if rank_distrib(): self.learn.logger = noop
     if self.opt is not None: self.opt.set_to_none = True
+    if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel):
+        from fastddp.train import register_hook, CountComm
+        register_hook(self)
+        if not any(isinstance(o, CountComm) for o in self.learn.cbs): self.learn.add_cb(CountComm())
 
-# %% ../nbs/02_distrib.ipynb #ca99c315
+# %% ../nbs/02_distrib.ipynb #836029d4
 @patch
 def after_fit(self:DistributedTrainer):
     self.learn.model,self.learn.dls.loaders = self.learn.model.module,self.old_dls
     if self.opt is not None: self.opt.set_to_none = False
 
-# %% ../nbs/02_distrib.ipynb #b216e2f0
+# %% ../nbs/02_distrib.ipynb #58ccab1a
 @patch
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, exact=True)
@@ -126,7 +135,7 @@ def after_validate(self:DistributedTrainer):
     rec = getattr(self.learn, 'recorder', None)
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
-# %% ../nbs/02_distrib.ipynb #659abf0f
+# %% ../nbs/02_distrib.ipynb #b2f62648
 import fastai.torch_core as ftc
 _active = [] # learners that are training data-parallel now
 _maybe_gather = ftc.maybe_gather
@@ -137,7 +146,7 @@ def maybe_gather(x, axis=0):
 
 ftc.maybe_gather = maybe_gather
 
-# %% ../nbs/02_distrib.ipynb #9e6efcdf
+# %% ../nbs/02_distrib.ipynb #8f7ec7a4
 @patch
 def to_distributed(self:Learner,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -149,7 +158,7 @@ def to_distributed(self:Learner,
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
-# %% ../nbs/02_distrib.ipynb #be7c0f60
+# %% ../nbs/02_distrib.ipynb #ada6f6fc
 @patch
 def detach_distributed(self:Learner):
     "Remove the `DistributedTrainer`, at any world size"
@@ -160,7 +169,7 @@ def detach_distributed(self:Learner):
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
-# %% ../nbs/02_distrib.ipynb #58632bbd
+# %% ../nbs/02_distrib.ipynb #5c29ff9f
 @patch
 @contextmanager
 def distrib_ctx(self:Learner,
@@ -178,9 +187,13 @@ def distrib_ctx(self:Learner,
             rank0_print("Training Learner...")
         if num_distrib(): self.to_distributed(sync_bn, backend=backend, **kwargs)
         yield self
+    except RuntimeError as e:
+        # DDP's own message is a paragraph; the one thing to do is to pass the option through `distrib_ctx`
+        if 'find_unused_parameters' in str(e): raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): pass find_unused_parameters=True to distrib_ctx") from e
+        raise
     finally:
         self.detach_distributed()
         if cleanup: teardown_distrib()
 
-# %% ../nbs/02_distrib.ipynb #9b8adeb3
+# %% ../nbs/02_distrib.ipynb #3ef17c86
 for _o in (setup_distrib, teardown_distrib, rank0_first): setattr(fd, _o.__name__, _o) # `from fastai.distributed import *` gets ours

@@ -1,0 +1,65 @@
+"Training helpers under real 2-rank DDP: lr scaling, no_sync accumulation, DDP options, comm hooks, bf16 on CPU"
+from fastddp.launch import run_ranks
+
+TRAIN = '''
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+from fastddp.train import *
+set_seed(0)
+x = torch.randn(64,8); y = x@torch.randn(8,1)
+ds = list(zip(x, y))
+def mk(bs=4, model=None, cbs=()):
+    torch.manual_seed(1)
+    return Learner(DataLoaders(DataLoader(ds, bs=bs), DataLoader(ds[:8], bs=bs), device='cpu'), model or nn.Sequential(nn.Linear(8,16), nn.ReLU(), nn.Linear(16,1)),
+                   loss_func=MSELossFlat(), opt_func=SGD, lr=0.02, cbs=list(cbs))
+out = {}
+def run(nm, l=None, fit=lambda l: l.fit(2), **kw):
+    l = l or mk()
+    with l.distrib_ctx(comm_stats=True, **kw): fit(l)
+    out[nm] = dict(w=[p.detach().clone() for p in l.model.parameters()], st=(l.comm_stats.syncs, l.comm_stats.calls, l.comm_stats.bytes_per_sync),
+                   loss=[v[0] for v in l.recorder.values], lrs=list(l.recorder.lrs))
+run('plain')
+run('opts', static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=1, broadcast_buffers=False) # same numbers, other DDP options
+run('acc', mk(bs=2, cbs=[Accumulate(2)]))
+run('big', mk(bs=4))
+run('fp16', comm_hook='fp16')
+run('psgd', comm_hook='powersgd', powersgd_start=2)
+run('lin', mk(cbs=[ScaleLR('linear')]))
+run('sqrt', mk(cbs=[ScaleLR('sqrt')]), fit=lambda l: l.fit_one_cycle(1, 0.02))
+run('bf16', mk().to_bf16())
+try:
+    with mk().distrib_ctx(comm_hook='bf16'): pass
+except DistribError as e: out['bf16_hook'] = str(e)
+class Branch(nn.Module): # a parameter that never gets a gradient
+    def __init__(self): super().__init__(); self.a,self.b = nn.Linear(8,1),nn.Linear(8,1)
+    def forward(self, x): return self.a(x)
+try: run('unused', mk(model=Branch()))
+except DistribError as e: out['unused_err'] = str(e)
+run('unused_ok', mk(model=Branch()), find_unused_parameters=True)
+report(**out)
+'''
+
+def _close(a, b, tol):
+    return all((x-y).abs().max().item()<=tol for x,y in zip(a,b))
+
+def test_training_helpers():
+    rs = run_ranks(TRAIN, n=2, timeout=600)
+    o = rs[0]
+    for r in rs[1:]: assert all(_close(r[k]['w'], o[k]['w'], 1e-6) for k in ('plain','acc','fp16','psgd','bf16'))
+    # DDP options pass straight through and keep the numbers
+    assert _close(o['opts']['w'], o['plain']['w'], 1e-6)
+    # accumulation: 2 micro-batches of 2 = a batch of 4; 32 micro-batches per rank over 2 epochs -> 16 all-reduce steps, not 32
+    assert _close(o['acc']['w'], o['big']['w'], 1e-5)
+    assert o['acc']['st'][0]==32//2 and o['big']['st'][0]==16 and o['plain']['st'][0]==16
+    # compression: fp16 sends half the bytes, PowerSGD fewer still once it starts; both still learn
+    assert o['fp16']['st'][2]==o['plain']['st'][2]/2
+    assert o['psgd']['st'][2] < o['plain']['st'][2]
+    for k in ('plain','fp16','psgd','bf16'): assert o[k]['loss'][-1] < o[k]['loss'][0], (k, o[k]['loss'])
+    # lr scaling: x2 for 2 ranks (linear), x sqrt(2) for the peak of one cycle
+    assert max(o['lin']['lrs'])==0.04 and min(o['lin']['lrs'])==0.04
+    assert abs(max(o['sqrt']['lrs'])-0.02*2**0.5)<1e-9
+    assert "needs nccl" in o['bf16_hook']
+    # a parameter without gradient: one message that names the option, and the option works
+    assert "pass find_unused_parameters=True to distrib_ctx" in o['unused_err']
+    assert o['unused_ok']['loss'][-1] < o['unused_ok']['loss'][0]
