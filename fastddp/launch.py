@@ -8,21 +8,21 @@ Docs: https://fastddp.github.io/fastddp/launch.html.md"""
 __all__ = ['LaunchError', 'parse_gpus', 'plan_procs', 'port_free', 'free_port', 'fail_msg', 'launch_config', 'launch', 'main',
            'Ranks', 'run_ranks']
 
-# %% ../nbs/01_launch.ipynb #82f74b87
+# %% ../nbs/01_launch.ipynb #14b49b4b
 import os, sys, socket, argparse, shlex, signal, subprocess, tempfile, uuid, time
 from pathlib import Path
 from .core import *
 
-# %% ../nbs/01_launch.ipynb #5d42bf86
+# %% ../nbs/01_launch.ipynb #01b56bb9
 class LaunchError(ValueError):
     "Bad launcher input: one line, exit code 2, nothing started"
 
-# %% ../nbs/01_launch.ipynb #66763e48
+# %% ../nbs/01_launch.ipynb #0dc4a92b
 def _n_gpus():
     import torch
     return torch.cuda.device_count()
 
-# %% ../nbs/01_launch.ipynb #340196c6
+# %% ../nbs/01_launch.ipynb #5845e361
 def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2'
                n_gpus:int): # GPUs on this machine
     "GPU ids that `gpus` names, checked against the `n_gpus` this machine has"
@@ -34,7 +34,7 @@ def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2'
     if bad: raise LaunchError(f"--gpus {gpus!r}: GPU {bad[0]} does not exist; this machine has {n_gpus or 'no'} GPU(s)"+("" if n_gpus else ": leave --gpus out to run CPU processes"))
     return ids
 
-# %% ../nbs/01_launch.ipynb #111111d7
+# %% ../nbs/01_launch.ipynb #8b8478bf
 def plan_procs(gpus:str='all', # `--gpus`
                nproc:int=None, # `--nproc`: processes on this node
                n_gpus:int=None): # GPUs on this machine (counted when None)
@@ -50,19 +50,19 @@ def plan_procs(gpus:str='all', # `--gpus`
     vis = None if gpus=='all' and len(ids)==n_gpus else ','.join(map(str, ids))
     return len(ids), vis, None
 
-# %% ../nbs/01_launch.ipynb #f739a4c7
+# %% ../nbs/01_launch.ipynb #e6769b47
 def port_free(port:int, addr:str='127.0.0.1'):
     "Can a server bind `addr:port` now?"
     with socket.socket() as s:
         try: s.bind((addr, port)); return True
         except OSError: return False
 
-# %% ../nbs/01_launch.ipynb #65fa8a6d
+# %% ../nbs/01_launch.ipynb #1bb46a97
 def free_port(addr:str='127.0.0.1'):
     "A port nothing listens on now"
     with socket.socket() as s: s.bind((addr, 0)); return s.getsockname()[1]
 
-# %% ../nbs/01_launch.ipynb #f1a85d21
+# %% ../nbs/01_launch.ipynb #a4cc8191
 def _why(f):
     "Exit code or signal of a `ProcessFailure`, and the first line of its exception when the worker recorded one"
     why = f"killed by {f.signal_name()}" if f.exitcode<0 else f"exit code {f.exitcode}"
@@ -70,19 +70,23 @@ def _why(f):
     msg = msg.strip().splitlines()[0] if msg.strip() and not msg.startswith(('To enable traceback', 'Signal ')) else ''
     return why+(f": {msg}" if msg else "")
 
-# %% ../nbs/01_launch.ipynb #0a2fb64b
+# %% ../nbs/01_launch.ipynb #94d2f68f
+import re
+_peer_lost = re.compile(r"Connection (closed|reset) by peer|Broken pipe|communicator was aborted|Socket Timeout")
+
 def fail_msg(e):
     "Lines naming the rank that failed first (and why) from torch's `ChildFailedError`"
     fs = e.failures
-    # ranks the agent stopped died of its SIGTERM/SIGKILL; the first one to end by itself is the cause
+    # ranks the agent stopped died of its SIGTERM/SIGKILL; of those that ended by themselves, a lost peer is a symptom,
+    # not a cause, and torch's timestamps are whole seconds, so they decide only between the rest
     own = {r:f for r,f in fs.items() if f.exitcode>0} or fs
-    r0 = min(own, key=lambda r: (own[r].timestamp, r))
+    r0 = min(own, key=lambda r: (bool(_peer_lost.search(_why(own[r]))), own[r].timestamp, r))
     res = [f"rank {r0} (pid {fs[r0].pid}) failed: {_why(fs[r0])}"]
     others = sorted(r for r in fs if r!=r0)
     if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it (usually: their peer was gone)")
     return res
 
-# %% ../nbs/01_launch.ipynb #2e38ac85
+# %% ../nbs/01_launch.ipynb #8d72647e
 def _parser():
     p = argparse.ArgumentParser(prog='fastddp-launch', description="Start a training script on every GPU, or on CPU processes with gloo.")
     p.add_argument('--gpus', default='all', help="GPUs to use: 'all' or ids such as 0,1 (fastai's launcher argument)")
@@ -97,7 +101,7 @@ def _parser():
     p.add_argument('args', nargs=argparse.REMAINDER, help="arguments for the script")
     return p
 
-# %% ../nbs/01_launch.ipynb #99683076
+# %% ../nbs/01_launch.ipynb #69093179
 def launch_config(a):
     "torch's `LaunchConfig` for the parsed arguments `a`, after checking them; also returns a line to print"
     from torch.distributed.launcher.api import LaunchConfig
@@ -119,7 +123,7 @@ def launch_config(a):
                         rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=cfg, max_restarts=a.max_restarts,
                         monitor_interval=0.1, logs_specs=logs, log_line_prefix_template='[rank${rank}]:'), msg
 
-# %% ../nbs/01_launch.ipynb #955440fc
+# %% ../nbs/01_launch.ipynb #9c1d4896
 def launch(argv=None):
     "Parse `argv`, start the workers and wait for them; return the exit code"
     a = _parser().parse_args(argv)
@@ -148,27 +152,27 @@ def launch(argv=None):
         return 1
     return 0
 
-# %% ../nbs/01_launch.ipynb #7c8b0777
+# %% ../nbs/01_launch.ipynb #795dc320
 def main():
     "Entry point of `fastddp-launch`, `python -m fastddp.launch` and `python -m fastai.launch`"
     sys.exit(launch())
 
-# %% ../nbs/01_launch.ipynb #2c35f180
+# %% ../nbs/01_launch.ipynb #c5373d15
 if __name__=='__main__': main()
 
-# %% ../nbs/01_launch.ipynb #b377874c
+# %% ../nbs/01_launch.ipynb #954d7b8e
 class Ranks(list):
     "One report per rank, with the launcher's exit code `rc` and its output `out`"
     rc,out = 0,''
 
-# %% ../nbs/01_launch.ipynb #96d30d9e
+# %% ../nbs/01_launch.ipynb #8c902abd
 _launchers = {'fastddp': [sys.executable, '-m', 'fastddp.launch', '--nproc', '{n}'],
               'fastai': [sys.executable, '-m', 'fastai.launch', '--nproc', '{n}'],
               'torchrun': [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '{n}'],
               'accelerate': [sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes', '{n}', '--num_machines', '1', '--main_process_port', '{port}'],
               'python': [sys.executable]}
 
-# %% ../nbs/01_launch.ipynb #07205fa6
+# %% ../nbs/01_launch.ipynb #a5363f37
 def run_ranks(code:str, # the script's source, or the path of a script
               n:int=2, # number of processes
               args:list=(), # the script's arguments
