@@ -8,14 +8,14 @@ Docs: https://fastddp.github.io/fastddp/bench.html.md"""
 __all__ = ['modes', 'run_raw', 'run_fastai', 'bench_worker', 'run_mode', 'bench', 'ratios', 'table', 'first_batch_s',
            'launch_bench', 'main']
 
-# %% ../nbs/04_bench.ipynb #14a3cb9e
+# %% ../nbs/04_bench.ipynb #77b31c53
 import os, sys, time, statistics
 from contextlib import nullcontext
 from fastcore.script import call_parse
 from .core import *
 from .launch import run_ranks
 
-# %% ../nbs/04_bench.ipynb #29faedd1
+# %% ../nbs/04_bench.ipynb #a334c3a7
 def _data(n, size, seed=0):
     "`n` random images of `size` px and labels from 10 classes, the same in every process"
     import torch
@@ -28,7 +28,7 @@ def _model(arch):
     torch.manual_seed(0)
     return getattr(tvm, arch)(num_classes=10)
 
-# %% ../nbs/04_bench.ipynb #3ea98ccc
+# %% ../nbs/04_bench.ipynb #b8970b2b
 def run_raw(arch='resnet18', size=64, bs=64, steps=15, warmup=3):
     "Samples/s of a hand-written PyTorch training loop (DDP on several ranks); `bs` is the global batch"
     import torch, torch.nn.functional as F
@@ -48,10 +48,13 @@ def run_raw(arch='resnet18', size=64, bs=64, steps=15, warmup=3):
         opt.step()
     return bs*steps/(time.perf_counter()-t0)
 
-# %% ../nbs/04_bench.ipynb #3e8ca9d1
-def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3):
+# %% ../nbs/04_bench.ipynb #35b616bb
+def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
+               accum:int=1, # micro-batches per optimizer step (`fastddp.train.Accumulate`)
+               comm_hook:str=None): # DDP communication hook: 'fp16', 'powersgd' (compressing from step 2)
     "Samples/s of fastai's `fit` (inside `distrib_ctx` on several ranks); `bs` is the global batch"
     import fastddp
+    from fastddp.train import Accumulate
     from fastai.basics import Learner, DataLoaders, DataLoader, CrossEntropyLossFlat, SGD, Callback, partial
     from fastai.callback.progress import ProgressCallback
     from fastai.distributed import DistributedTrainer
@@ -67,21 +70,24 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3):
     x,y = _data(bs*(steps+warmup), size)
     dls = DataLoaders(DataLoader(TensorDataset(x,y), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(x[:bs],y[:bs]), bs=bs//ws), device='cpu')
     tm = StepTimer()
-    learn = Learner(dls, _model(arch), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=tm)
+    learn = Learner(dls, _model(arch), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=[tm]+([Accumulate(accum)] if accum>1 else []))
     learn.remove_cb(ProgressCallback)
-    with (learn.distrib_ctx() if ws>1 else nullcontext()): learn.fit(1)
+    with (learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2) if ws>1 else nullcontext()): learn.fit(1)
     return bs*steps/(tm.t1-tm.t0)
 
-# %% ../nbs/04_bench.ipynb #e43c5e1a
-modes = {'raw1': (run_raw, 1), 'raw': (run_raw, 2), 'fastai1': (run_fastai, 1), 'fastddp': (run_fastai, 2)}
+# %% ../nbs/04_bench.ipynb #84a74bc6
+modes = {'raw1': (run_raw, 1, {}), 'raw': (run_raw, 2, {}), 'fastai1': (run_fastai, 1, {}), 'fastddp': (run_fastai, 2, {}),
+         **{f'acc{k}': (run_fastai, 2, dict(accum=k)) for k in (2,4,8)},
+         'fp16': (run_fastai, 2, dict(comm_hook='fp16')), 'powersgd': (run_fastai, 2, dict(comm_hook='powersgd'))}
 
 def bench_worker(mode, **kw):
     "Run `mode` in this process and report its samples/s (rank 0's clock: DDP steps end together)"
     import torch
     torch.set_num_threads(1)
-    report(sps=modes[mode][0](**kw))
+    f,_,o = modes[mode]
+    report(sps=f(**kw, **o))
 
-# %% ../nbs/04_bench.ipynb #f4bcec45
+# %% ../nbs/04_bench.ipynb #1245950a
 def run_mode(mode, n=None, **kw):
     "Samples/s of `mode` in a fresh set of `n` processes (the mode's own count when None)"
     n = n or modes[mode][1]
@@ -89,7 +95,7 @@ def run_mode(mode, n=None, **kw):
     rs = run_ranks(code, n=n, launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'})
     return rs[0]['sps']
 
-# %% ../nbs/04_bench.ipynb #f4f96b90
+# %% ../nbs/04_bench.ipynb #c75f0768
 def bench(ms=('raw1','raw','fastai1','fastddp'), # modes to run, interleaved
           reps:int=5, # repetitions of the whole series
           **kw): # workload: arch, size, bs (global), steps, warmup
@@ -101,20 +107,21 @@ def bench(ms=('raw1','raw','fastai1','fastddp'), # modes to run, interleaved
         res[m].append(run_mode(m, **kw))
     return res
 
-# %% ../nbs/04_bench.ipynb #136c2527
+# %% ../nbs/04_bench.ipynb #2add14d1
 _ratios = [('raw','raw1','raw PyTorch DDP / raw 1 process'), ('fastddp','raw','fastddp DDP / raw PyTorch DDP'),
            ('fastai1','raw1','fastai 1 process / raw 1 process'), ('fastddp','fastai1','fastddp DDP / fastai 1 process')]
 
 def ratios(res):
     "Median and spread (min, max) of the paired ratios between modes, one pair per repetition"
     out = {}
-    for a,b,nm in _ratios:
+    extra = [(m,'fastddp',f'{m} / fastddp (plain DDP)') for m in res if m not in ('raw1','raw','fastai1','fastddp')]
+    for a,b,nm in _ratios+extra:
         if a in res and b in res:
             rs = [x/y for x,y in zip(res[a], res[b])]
             out[nm] = (statistics.median(rs), min(rs), max(rs))
     return out
 
-# %% ../nbs/04_bench.ipynb #b2d3ad1f
+# %% ../nbs/04_bench.ipynb #c2b6ab41
 def table(res):
     "A markdown table of samples/s per mode and of the paired ratios"
     ls = ["| mode | samples/s (median) | runs |", "|---|---|---|"]
@@ -123,7 +130,7 @@ def table(res):
     ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |" for k,(md,lo,hi) in ratios(res).items()]
     return '\n'.join(ls)
 
-# %% ../nbs/04_bench.ipynb #850997bd
+# %% ../nbs/04_bench.ipynb #c94ae2d3
 _first_batch = '''
 import time, fastddp
 from fastai.basics import *
@@ -142,7 +149,7 @@ def first_batch_s(launcher='fastddp', n=2):
     rs = run_ranks(_first_batch, n=n, launcher=launcher)
     return max(o['t'] for o in rs)-t0
 
-# %% ../nbs/04_bench.ipynb #755b8eed
+# %% ../nbs/04_bench.ipynb #5fde36f0
 def launch_bench(reps:int=5, n:int=2):
     "Seconds to the first batch under `fastddp-launch` and `torchrun --standalone`, interleaved"
     from fastprogress.fastprogress import progress_bar
@@ -153,7 +160,7 @@ def launch_bench(reps:int=5, n:int=2):
     rs = [a/b for a,b in zip(res['fastddp'], res['torchrun'])]
     return res, (statistics.median(rs), min(rs), max(rs))
 
-# %% ../nbs/04_bench.ipynb #0a5fbf5d
+# %% ../nbs/04_bench.ipynb #eb8d3484
 @call_parse
 def main(arch:str='resnet18', # torchvision model
          size:int=64, # image size
@@ -161,7 +168,7 @@ def main(arch:str='resnet18', # torchvision model
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='raw1,raw,fastai1,fastddp', # which modes
+         modes:str='raw1,raw,fastai1,fastddp', # which modes, among raw1 raw fastai1 fastddp acc2 acc4 acc8 fp16 powersgd
          launch:bool=False): # instead: time to the first batch, fastddp-launch vs torchrun
     "Benchmark: samples/s of raw PyTorch and fastai, 1 process and DDP on 2 ranks, as paired ratios"
     if launch:

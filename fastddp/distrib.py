@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'rank0_first', 'maybe_gather']
 
-# %% ../nbs/02_distrib.ipynb #752f886e
+# %% ../nbs/02_distrib.ipynb #d2a21f2f
 import sys, atexit
 import torch, torch.distributed as dist
 from torch import nn
@@ -18,7 +18,7 @@ from fastai.callback.progress import ProgressCallback
 from accelerate import Accelerator
 from .core import *
 
-# %% ../nbs/02_distrib.ipynb #929d07c8
+# %% ../nbs/02_distrib.ipynb #bf3ea770
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
                   backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Join the process group with a backend this machine can run; return the GPU index, or None on CPU"
@@ -30,12 +30,12 @@ def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
         atexit.register(teardown_distrib) # leaving without it can abort the process at exit (and torch warns for nccl)
     return gpu
 
-# %% ../nbs/02_distrib.ipynb #9f319f97
+# %% ../nbs/02_distrib.ipynb #4a1017d6
 def teardown_distrib():
     "Leave the process group, if this process is in one"
     if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/02_distrib.ipynb #0f869090
+# %% ../nbs/02_distrib.ipynb #4f8aee8f
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation"
     if args or kwargs: func = partial(func, *args, **kwargs)
@@ -45,7 +45,7 @@ def rank0_first(func, *args, **kwargs):
     if not is_rank0(): res = func()
     return res
 
-# %% ../nbs/02_distrib.ipynb #e6dbaf83
+# %% ../nbs/02_distrib.ipynb #da14b957
 @patch
 def _broadcast(self:DistributedDL, t, rank):
     "Broadcast `t` from `rank` on the device the backend moves: CUDA for nccl, CPU for gloo"
@@ -54,7 +54,7 @@ def _broadcast(self:DistributedDL, t, rank):
     dist.broadcast(t, rank)
     return t.cpu().tolist()
 
-# %% ../nbs/02_distrib.ipynb #6607307f
+# %% ../nbs/02_distrib.ipynb #aad46201
 @patch
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -67,10 +67,14 @@ def __init__(self:DistributedTrainer,
     store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats')
     check_hook(comm_hook, check_backend(backend))
     setup_distrib(backend=backend)
-    if check_backend(backend)=='gloo': kwargs.setdefault('cpu', True)
+    if check_backend(backend)=='gloo':
+        kwargs.setdefault('cpu', True)
+        # torch 2.14's PowerSGD hook all-reduces from gloo's callback threads; with several buckets the ranks issued
+        # them in different orders (resnet18: "Received data size doesn't match expected size"); one bucket works
+        if comm_hook=='powersgd': kwargs.setdefault('bucket_cap_mb', 1024)
     self.accelerator = Accelerator(**ddp_kwargs(kwargs))
 
-# %% ../nbs/02_distrib.ipynb #9e3ca08f
+# %% ../nbs/02_distrib.ipynb #aba6df1a
 def _has_bn(m): return any(isinstance(o, nn.modules.batchnorm._BatchNorm) for o in m.modules())
 
 @patch
@@ -82,7 +86,7 @@ def _use_sync_bn(self:DistributedTrainer):
         return False
     return world_size()>1 if self.sync_bn is None else self.sync_bn
 
-# %% ../nbs/02_distrib.ipynb #1fe557f1
+# %% ../nbs/02_distrib.ipynb #c386521b
 from fastai.optimizer import Optimizer
 
 @patch
@@ -92,7 +96,7 @@ def zero_grad(self:Optimizer):
         if getattr(self, 'set_to_none', False): p.grad = None
         else: p.grad.detach_(); p.grad.zero_()
 
-# %% ../nbs/02_distrib.ipynb #6c20d27d
+# %% ../nbs/02_distrib.ipynb #06a7a6f4
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     "Shard `dl` across ranks, its batches on this rank's device; `exact`: unpadded, for validation"
@@ -101,7 +105,7 @@ def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     res.exact = exact
     return res
 
-# %% ../nbs/02_distrib.ipynb #96a2f4e9
+# %% ../nbs/02_distrib.ipynb #9e1580f8
 @patch
 def before_fit(self:DistributedTrainer):
     m = self.model
@@ -116,13 +120,13 @@ def before_fit(self:DistributedTrainer):
         register_hook(self)
         if not any(isinstance(o, CountComm) for o in self.learn.cbs): self.learn.add_cb(CountComm())
 
-# %% ../nbs/02_distrib.ipynb #836029d4
+# %% ../nbs/02_distrib.ipynb #cf052896
 @patch
 def after_fit(self:DistributedTrainer):
     self.learn.model,self.learn.dls.loaders = self.learn.model.module,self.old_dls
     if self.opt is not None: self.opt.set_to_none = False
 
-# %% ../nbs/02_distrib.ipynb #58ccab1a
+# %% ../nbs/02_distrib.ipynb #3170c878
 @patch
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, exact=True)
@@ -135,7 +139,7 @@ def after_validate(self:DistributedTrainer):
     rec = getattr(self.learn, 'recorder', None)
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
-# %% ../nbs/02_distrib.ipynb #b2f62648
+# %% ../nbs/02_distrib.ipynb #0ede87e7
 import fastai.torch_core as ftc
 _active = [] # learners that are training data-parallel now
 _maybe_gather = ftc.maybe_gather
@@ -146,7 +150,7 @@ def maybe_gather(x, axis=0):
 
 ftc.maybe_gather = maybe_gather
 
-# %% ../nbs/02_distrib.ipynb #8f7ec7a4
+# %% ../nbs/02_distrib.ipynb #eeef5cbb
 @patch
 def to_distributed(self:Learner,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -158,7 +162,7 @@ def to_distributed(self:Learner,
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
-# %% ../nbs/02_distrib.ipynb #ada6f6fc
+# %% ../nbs/02_distrib.ipynb #0aa3ae61
 @patch
 def detach_distributed(self:Learner):
     "Remove the `DistributedTrainer`, at any world size"
@@ -169,7 +173,7 @@ def detach_distributed(self:Learner):
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
-# %% ../nbs/02_distrib.ipynb #5c29ff9f
+# %% ../nbs/02_distrib.ipynb #18341c2e
 @patch
 @contextmanager
 def distrib_ctx(self:Learner,
@@ -195,5 +199,5 @@ def distrib_ctx(self:Learner,
         self.detach_distributed()
         if cleanup: teardown_distrib()
 
-# %% ../nbs/02_distrib.ipynb #3ef17c86
+# %% ../nbs/02_distrib.ipynb #b497ad73
 for _o in (setup_distrib, teardown_distrib, rank0_first): setattr(fd, _o.__name__, _o) # `from fastai.distributed import *` gets ours
