@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'rank0_first', 'maybe_gather']
 
-# %% ../nbs/02_distrib.ipynb #d2a21f2f
+# %% ../nbs/02_distrib.ipynb #73e472f3
 import sys, atexit
 import torch, torch.distributed as dist
 from torch import nn
@@ -18,7 +18,7 @@ from fastai.callback.progress import ProgressCallback
 from accelerate import Accelerator
 from .core import *
 
-# %% ../nbs/02_distrib.ipynb #bf3ea770
+# %% ../nbs/02_distrib.ipynb #2db502d6
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
                   backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Join the process group with a backend this machine can run; return the GPU index, or None on CPU"
@@ -30,12 +30,12 @@ def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
         atexit.register(teardown_distrib) # leaving without it can abort the process at exit (and torch warns for nccl)
     return gpu
 
-# %% ../nbs/02_distrib.ipynb #4a1017d6
+# %% ../nbs/02_distrib.ipynb #a96cfdf0
 def teardown_distrib():
     "Leave the process group, if this process is in one"
     if dist.is_initialized(): dist.destroy_process_group()
 
-# %% ../nbs/02_distrib.ipynb #4f8aee8f
+# %% ../nbs/02_distrib.ipynb #f9dee405
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation"
     if args or kwargs: func = partial(func, *args, **kwargs)
@@ -45,7 +45,7 @@ def rank0_first(func, *args, **kwargs):
     if not is_rank0(): res = func()
     return res
 
-# %% ../nbs/02_distrib.ipynb #da14b957
+# %% ../nbs/02_distrib.ipynb #30caeb86
 @patch
 def _broadcast(self:DistributedDL, t, rank):
     "Broadcast `t` from `rank` on the device the backend moves: CUDA for nccl, CPU for gloo"
@@ -54,7 +54,7 @@ def _broadcast(self:DistributedDL, t, rank):
     dist.broadcast(t, rank)
     return t.cpu().tolist()
 
-# %% ../nbs/02_distrib.ipynb #aad46201
+# %% ../nbs/02_distrib.ipynb #9247161a
 @patch
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -65,16 +65,17 @@ def __init__(self:DistributedTrainer,
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
     from fastddp.train import ddp_kwargs, check_hook
     store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats')
-    check_hook(comm_hook, check_backend(backend))
-    setup_distrib(backend=backend)
-    if check_backend(backend)=='gloo':
+    be = check_backend(backend)
+    check_hook(comm_hook, be)
+    setup_distrib(backend=be)
+    if be=='gloo':
         kwargs.setdefault('cpu', True)
         # torch 2.14's PowerSGD hook all-reduces from gloo's callback threads; with several buckets the ranks issued
         # them in different orders (resnet18: "Received data size doesn't match expected size"); one bucket works
         if comm_hook=='powersgd': kwargs.setdefault('bucket_cap_mb', 1024)
     self.accelerator = Accelerator(**ddp_kwargs(kwargs))
 
-# %% ../nbs/02_distrib.ipynb #aba6df1a
+# %% ../nbs/02_distrib.ipynb #6b4d417b
 def _has_bn(m): return any(isinstance(o, nn.modules.batchnorm._BatchNorm) for o in m.modules())
 
 @patch
@@ -86,7 +87,7 @@ def _use_sync_bn(self:DistributedTrainer):
         return False
     return world_size()>1 if self.sync_bn is None else self.sync_bn
 
-# %% ../nbs/02_distrib.ipynb #c386521b
+# %% ../nbs/02_distrib.ipynb #cd43041e
 from fastai.optimizer import Optimizer
 
 @patch
@@ -96,7 +97,7 @@ def zero_grad(self:Optimizer):
         if getattr(self, 'set_to_none', False): p.grad = None
         else: p.grad.detach_(); p.grad.zero_()
 
-# %% ../nbs/02_distrib.ipynb #06a7a6f4
+# %% ../nbs/02_distrib.ipynb #f25f86fd
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     "Shard `dl` across ranks, its batches on this rank's device; `exact`: unpadded, for validation"
@@ -105,11 +106,13 @@ def _wrap_dl(self:DistributedTrainer, dl, exact=False):
     res.exact = exact
     return res
 
-# %% ../nbs/02_distrib.ipynb #9e1580f8
+# %% ../nbs/02_distrib.ipynb #446a20c6
 @patch
 def before_fit(self:DistributedTrainer):
     m = self.model
-    if self._use_sync_bn(): m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
+    if self._use_sync_bn():
+        try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
+        except Exception as e: raise DistribError(f"sync_bn: this model's BatchNorm layers cannot become SyncBatchNorm ({type(e).__name__}: {e}); pass sync_bn=False to distrib_ctx") from e
     self.learn.model = self.accelerator.prepare(m)
     self.old_dls = list(self.dls)
     self.learn.dls.loaders = [self._wrap_dl(dl, exact=i>0) for i,dl in enumerate(self.dls)]
@@ -120,13 +123,13 @@ def before_fit(self:DistributedTrainer):
         register_hook(self)
         if not any(isinstance(o, CountComm) for o in self.learn.cbs): self.learn.add_cb(CountComm())
 
-# %% ../nbs/02_distrib.ipynb #cf052896
+# %% ../nbs/02_distrib.ipynb #807534fb
 @patch
 def after_fit(self:DistributedTrainer):
     self.learn.model,self.learn.dls.loaders = self.learn.model.module,self.old_dls
     if self.opt is not None: self.opt.set_to_none = False
 
-# %% ../nbs/02_distrib.ipynb #3170c878
+# %% ../nbs/02_distrib.ipynb #99738b59
 @patch
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, exact=True)
@@ -139,7 +142,7 @@ def after_validate(self:DistributedTrainer):
     rec = getattr(self.learn, 'recorder', None)
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
-# %% ../nbs/02_distrib.ipynb #0ede87e7
+# %% ../nbs/02_distrib.ipynb #570807a6
 import fastai.torch_core as ftc
 _active = [] # learners that are training data-parallel now
 _maybe_gather = ftc.maybe_gather
@@ -150,7 +153,7 @@ def maybe_gather(x, axis=0):
 
 ftc.maybe_gather = maybe_gather
 
-# %% ../nbs/02_distrib.ipynb #eeef5cbb
+# %% ../nbs/02_distrib.ipynb #5c315e5d
 @patch
 def to_distributed(self:Learner,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
@@ -162,18 +165,18 @@ def to_distributed(self:Learner,
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
-# %% ../nbs/02_distrib.ipynb #0aa3ae61
+# %% ../nbs/02_distrib.ipynb #0c13623b
 @patch
 def detach_distributed(self:Learner):
     "Remove the `DistributedTrainer`, at any world size"
     # fastai returned early when `num_distrib()<=1`, leaving the trainer in `learn.cbs` under a 1-process launcher
     if not any(isinstance(o, DistributedTrainer) for o in self.cbs): return self
     self.remove_cb(DistributedTrainer)
-    _active.pop()
+    if self in _active: _active.remove(self)
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
-# %% ../nbs/02_distrib.ipynb #18341c2e
+# %% ../nbs/02_distrib.ipynb #2fd1f94f
 @patch
 @contextmanager
 def distrib_ctx(self:Learner,
@@ -199,5 +202,5 @@ def distrib_ctx(self:Learner,
         self.detach_distributed()
         if cleanup: teardown_distrib()
 
-# %% ../nbs/02_distrib.ipynb #b497ad73
+# %% ../nbs/02_distrib.ipynb #f9b7c4a3
 for _o in (setup_distrib, teardown_distrib, rank0_first): setattr(fd, _o.__name__, _o) # `from fastai.distributed import *` gets ours

@@ -63,3 +63,18 @@ def test_training_helpers():
     # a parameter without gradient: one message that names the option, and the option works
     assert "pass find_unused_parameters=True to distrib_ctx" in o['unused_err']
     assert o['unused_ok']['loss'][-1] < o['unused_ok']['loss'][0]
+
+import pytest
+
+@pytest.mark.cuda
+def test_gpu_precision_and_hooks():
+    "On a GPU (world size 1 with one GPU): to_fp16 and to_bf16 train inside distrib_ctx on nccl, the bf16 hook registers"
+    code = TRAIN.split("out = {}")[0].replace("device='cpu'", "device='cuda'")+'''
+out = {}
+for nm,l,kw in [('fp16', mk().to_fp16(), {}), ('bf16', mk().to_bf16(), {}), ('bf16_hook', mk(), dict(comm_hook='bf16'))]:
+    with l.distrib_ctx(**kw): l.fit(1)
+    out[nm] = [v[0] for v in l.recorder.values]
+report(**out, be=torch.distributed.get_backend() if torch.distributed.is_initialized() else None)
+'''
+    rs = run_ranks(code, n=1)
+    assert all(rs[0][k][-1]==rs[0][k][-1] for k in ('fp16','bf16','bf16_hook')) # trained, no NaN
