@@ -1,0 +1,67 @@
+"Fault tolerance: a killed rank restarted by the agent resumes from an atomic checkpoint and ends as an uninterrupted run"
+import os, sys, time
+from pathlib import Path
+from fastddp.launch import run_ranks
+from conftest import wait_gone
+
+CK = '''
+import sys, os, time
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+from fastddp.checkpoint import Checkpoint
+path, mode, n_ep = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+set_seed(0)
+x = torch.randn(64,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
+torch.manual_seed(0)
+learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cpu'),
+                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=Checkpoint())
+class Die(Callback): # rank 1 dies at the 3rd step of the 2nd epoch, on the first attempt only
+    def after_batch(self):
+        if mode=='die' and self.training and self.epoch==1 and self.iter==2 and rank()==world_size()-1 and os.environ.get('TORCHELASTIC_RESTART_COUNT','0')=='0': os._exit(5)
+t0 = time.time()
+with learn.distrib_ctx(): learn.fit_one_cycle(n_ep, 0.01, cbs=Die())
+report(w=[p.detach().clone() for p in learn.model.parameters()], restart=os.environ.get('TORCHELASTIC_RESTART_COUNT'), t=time.time())
+'''
+
+def _flat(ws):
+    import torch
+    return torch.cat([o.flatten() for o in ws])
+
+def test_resume_after_kill(tmp_path, marker):
+    "A rank killed mid-epoch 2 under --max-restarts 1: all restart, resume, and end with the uninterrupted weights (1e-6)"
+    t0 = time.time(); ref = run_ranks(CK, n=2, args=[tmp_path/'ref', 'live', 4, marker]); t_ref = time.time()-t0
+    t0 = time.time(); rs = run_ranks(CK, n=2, args=[tmp_path/'run', 'die', 4, marker], largs=['--max-restarts', '1']); t_kill = time.time()-t0
+    assert [o['restart'] for o in rs]==['1','1']
+    assert "resuming from" in rs.out and "ckpt_e0001.pth" in rs.out
+    for o in rs: assert (_flat(o['w'])-_flat(ref[0]['w'])).abs().max()<1e-6
+    print(f"uninterrupted {t_ref:.1f} s, killed and resumed {t_kill:.1f} s: a kill cost {t_kill-t_ref:.1f} s")
+    # the same checkpoints with a different world size: continues, with a warning
+    one = run_ranks(CK, n=1, launcher='torchrun', args=[tmp_path/'run', 'live', 5, marker])
+    assert "was written by 2 rank(s) and this run has 1" in one.out
+    assert not wait_gone(marker, 10)
+
+def test_writer_killed_mid_save(tmp_path):
+    "Killing the writer between write and rename leaves the previous checkpoint, which the next run picks up"
+    rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4], env={'FASTDDP_CKPT_FAULT': 'ckpt_e0002.pth'}, check=False)
+    assert rs.rc!=0
+    names = sorted(o.name for o in (tmp_path/'checkpoints').iterdir())
+    assert names==['ckpt_e0001.pth', 'ckpt_e0002.pth.tmp'], names
+    rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4])
+    assert "ckpt_e0001.pth" in rs.out
+
+HANG = '''
+import sys, time, torch, torch.distributed as dist
+from fastddp.core import *
+init_distrib('gloo')
+if rank()==1: time.sleep(120) # a rank that hangs
+t = torch.ones(3); dist.all_reduce(t)
+'''
+
+def test_hung_rank_times_out(marker):
+    "A rank that hangs makes the others fail after FASTDDP_TIMEOUT seconds; the launcher exits non-zero; nothing left"
+    t0 = time.time()
+    rs = run_ranks(HANG, n=2, args=[marker], env={'FASTDDP_TIMEOUT': '5'}, check=False, timeout=100)
+    assert rs.rc!=0 and time.time()-t0 < 60
+    assert "rank 0" in rs.out and "failed" in rs.out
+    assert not wait_gone(marker, 10)
