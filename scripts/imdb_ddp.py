@@ -1,0 +1,43 @@
+"IMDB (text): an AWD-LSTM classifier (ULMFiT style) trained data-parallel; the same script under every launcher and as one process"
+import time
+import fastddp
+from fastai.text.all import *
+from fastai.distributed import *
+from fastddp.core import *
+from fastddp.script import get_data, train_cbs, finish, run_main, ScriptError
+
+@call_parse
+def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fastai's layout (default: download)
+         sample:bool=False, # the 1,000-review `texts.csv` instead of the full `imdb/` folder
+         synthetic:int=0, # train on this many generated reviews in the real layout instead (offline)
+         pretrained:bool=True, # with --no-pretrained, start from random weights instead of WT103
+         epochs:int=1, # epochs after the frozen one (fine_tune)
+         bs:int=32, # batch size per process
+         lr:float=2e-2, # the single-process learning rate
+         scale_lr:str=None, # scale lr with the number of processes: 'linear' or 'sqrt'
+         accum:int=1, # micro-batches per optimizer step
+         fp16:bool=False, # mixed precision (bfloat16 on CPU)
+         dp:bool=False, # DataParallel over the visible GPUs instead of DDP (without a launcher)
+         seed:int=42, # random seed
+         out:str=None, # folder for metrics.json and export.pkl
+         checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
+         resume:bool=True): # with --no-resume, start over even if --checkpoint holds one
+    "Fine-tune an AWD-LSTM classifier on movie reviews; tokenisation runs on rank 0 first"
+    def _run():
+        set_seed(seed)
+        kind = 'imdb_sample' if sample else 'imdb'
+        path = get_data(kind, data, synthetic)
+        def _dls(): # tokenised once by rank 0 (fastai caches it next to the data), then read by the others
+            if sample: return TextDataLoaders.from_csv(path, 'texts.csv', text_col='text', label_col='label', valid_col='is_valid', bs=bs, seed=seed)
+            return TextDataLoaders.from_folder(path, valid='test', bs=bs, seed=seed)
+        dls = rank0_first(_dls)
+        try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume))
+        except Exception as e:
+            if not pretrained: raise
+            raise ScriptError(f"no pretrained WT103 weights ({type(e).__name__}): they download into ~/.fastai/models once online; or pass --no-pretrained") from None
+        if fp16: learn = learn.to_fp16() if torch.cuda.is_available() else learn.to_bf16()
+        t0 = time.time()
+        # AWD-LSTM's fine_tune leaves parameters without gradients while frozen: DDP must look for them
+        with (learn.parallel_ctx() if dp and not num_distrib() else learn.distrib_ctx(find_unused_parameters=True)): learn.fine_tune(epochs, lr)
+        finish(learn, 'imdb', epochs, time.time()-t0, len(dls.train_ds), out)
+    run_main(_run)

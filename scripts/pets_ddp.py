@@ -1,0 +1,52 @@
+"Oxford-IIIT Pets (vision): fine-tune a torchvision model data-parallel; the same script under every launcher and as one process"
+import time
+import fastddp
+from fastai.vision.all import *
+from fastai.distributed import *
+from fastddp.core import *
+from fastddp.data import PETS_RE
+from fastddp.script import get_data, train_cbs, finish, run_main, ScriptError
+
+def get_arch(name, pretrained):
+    "A torchvision classifier by name, its cut/split registered for fastai when fastai's `model_meta` lacks it"
+    import torchvision.models as tvm
+    if name not in tvm.list_models(module=tvm): raise ScriptError(f"--arch {name}: not a torchvision classification model")
+    arch = getattr(tvm, name)
+    # vision_learner knows the body cut and parameter groups only for archs in `model_meta`; others fail with a bare StopIteration
+    if arch not in model_meta: model_meta[arch] = {'cut': -1, 'split': default_split, 'stats': imagenet_stats}
+    if pretrained: # torchvision loads cached weights with no network; offline and not cached, say which file is expected
+        fn = Path(torch.hub.get_dir())/'checkpoints'/Path(tvm.get_model_weights(name).DEFAULT.url).name
+        if not fn.exists():
+            try: torch.hub.load_state_dict_from_url(tvm.get_model_weights(name).DEFAULT.url, progress=False)
+            except Exception as e: raise ScriptError(f"no pretrained weights for {name} ({type(e).__name__}): put {fn.name} in {fn.parent}, or pass --no-pretrained") from None
+    return arch
+
+@call_parse
+def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: download URLs.PETS)
+         synthetic:int=0, # train on this many generated images in the real layout instead (offline)
+         arch:str='resnet34', # torchvision model: resnet18/34/50, mobilenet_v2, ...
+         size:int=224, # image size
+         pretrained:bool=True, # with --no-pretrained, start from random weights
+         epochs:int=1, # epochs after the frozen one (fine_tune)
+         bs:int=64, # batch size per process
+         lr:float=2e-3, # the single-process learning rate
+         scale_lr:str=None, # scale lr with the number of processes: 'linear' or 'sqrt'
+         accum:int=1, # micro-batches per optimizer step
+         fp16:bool=False, # mixed precision (bfloat16 on CPU)
+         dp:bool=False, # DataParallel over the visible GPUs instead of DDP (without a launcher)
+         seed:int=42, # random seed
+         out:str=None, # folder for metrics.json and export.pkl
+         checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
+         resume:bool=True): # with --no-resume, start over even if --checkpoint holds one
+    "Fine-tune `arch` on the pet breeds; labels from the file names, images converted to RGB"
+    def _run():
+        set_seed(seed)
+        path = get_data('pets', data, synthetic)
+        a = rank0_first(get_arch, arch, pretrained) # rank 0 fetches the weights, the others find them cached
+        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed)
+        learn = vision_learner(dls, a, pretrained=pretrained, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume))
+        if fp16: learn = learn.to_fp16() if torch.cuda.is_available() else learn.to_bf16()
+        t0 = time.time()
+        with (learn.parallel_ctx() if dp and not num_distrib() else learn.distrib_ctx()): learn.fine_tune(epochs, lr)
+        finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), out)
+    run_main(_run)

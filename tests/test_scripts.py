@@ -1,0 +1,60 @@
+"The example scripts: one process, and 2 CPU ranks under `python -m fastai.launch` and `torchrun`, on generated data"
+import json, sys, subprocess, pytest
+from fastddp.launch import run_ranks
+from conftest import ROOT
+
+S = ROOT/'scripts'
+CASES = {'tabular': ('tabular_ddp.py', ['--synthetic', '400', '--bs', '32', '--epochs', '1']),
+         'pets': ('pets_ddp.py', ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained']),
+         'imdb': ('imdb_ddp.py', ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained'])}
+KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','history'}
+
+# a plain fastai environment: no `import fastddp`, and the tabular script's own validation set rebuilt
+EVAL = '''
+import sys, json
+from fastai.tabular.all import *
+l = load_learner(sys.argv[1])
+assert not any(type(o).__module__.startswith('fastddp') for o in l.cbs)
+if sys.argv[2]=='tabular':
+    set_seed(42)
+    path = Path(sys.argv[3])
+    dls = TabularDataLoaders.from_df(pd.read_csv(path/'adult.csv'), path=path, y_names='salary', bs=32, procs=[Categorify, FillMissing, Normalize],
+        cat_names=['workclass','education','marital-status','occupation','relationship','race'], cont_names=['age','fnlwgt','education-num'])
+    l.dls = dls
+    print(json.dumps([float(o) for o in l.validate()]))
+else: print(json.dumps(None))
+'''
+
+@pytest.mark.parametrize('name', list(CASES))
+def test_script(name, tmp_path):
+    fn,args = CASES[name]
+    for launcher,n in [('python',1), ('fastai',2), ('torchrun',2)]:
+        out = tmp_path/launcher
+        rs = run_ranks(str(S/fn), n=n, launcher=launcher, args=args+['--out', out], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
+        m = json.loads((out/'metrics.json').read_text())
+        assert set(m)==KEYS and m['world_size']==n and m['task']==name and len(m['history'])>=1
+        assert set(m['metrics'])==set(m['history'][-1])-{'train_loss','valid_loss'}
+        assert rs.out.count(f"{name}: {n} process(es)")==1 # rank 0's summary, once
+        p = subprocess.run([sys.executable, '-c', EVAL, str(out/'export.pkl'), name, str(tmp_path/'data'/'adult_400'/'adult_sample')], capture_output=True, text=True, cwd=tmp_path)
+        assert p.returncode==0, p.stderr[-2000:]
+        ev = json.loads(p.stdout.strip().splitlines()[-1])
+        if ev is not None: # the run's own numbers = one process's evaluation of the exported model
+            assert abs(ev[0]-m['valid_loss'])<1e-5 and abs(ev[1]-m['metrics']['accuracy'])<1e-5, (ev, m)
+
+def test_bad_input(tmp_path):
+    "Offline with no --data, or --data in the wrong layout: one message, exit code 2"
+    p = subprocess.run([sys.executable, str(S/'tabular_ddp.py')], capture_output=True, text=True)
+    assert p.returncode==2 and "pass --data PATH" in p.stderr and "--synthetic N" in p.stderr.splitlines()[-1]
+    p = subprocess.run([sys.executable, str(S/'pets_ddp.py'), '--data', str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode==2 and f"--data {tmp_path}" in p.stderr.splitlines()[-1] and "images" in p.stderr.splitlines()[-1]
+
+def test_script_checkpoint(tmp_path):
+    "--checkpoint DIR saves every epoch and the next run resumes from it; --no-resume starts over"
+    base = [sys.executable, str(S/'tabular_ddp.py'), '--synthetic', '400', '--checkpoint', str(tmp_path/'ck')]
+    env = {**__import__('os').environ, 'FASTDDP_DATA': str(tmp_path/'data')}
+    p = subprocess.run(base+['--epochs', '2'], capture_output=True, text=True, env=env)
+    assert p.returncode==0 and sorted(o.name for o in (tmp_path/'ck').iterdir())==['ckpt_e0001.pth', 'ckpt_e0002.pth']
+    p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env)
+    assert p.returncode==0 and "resuming from" in p.stdout+p.stderr and "ckpt_e0002.pth" in p.stdout+p.stderr
+    p = subprocess.run(base+['--epochs', '1', '--no-resume'], capture_output=True, text=True, env=env)
+    assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr
