@@ -4,7 +4,7 @@ import fastddp
 from fastai.text.all import *
 from fastai.distributed import *
 from fastddp.core import *
-from fastddp.script import get_data, train_cbs, finish, run_main, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
 
 @call_parse
 def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fastai's layout (default: download)
@@ -35,9 +35,8 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
         except Exception as e:
             if not pretrained: raise
             raise ScriptError(f"no pretrained WT103 weights ({type(e).__name__}): they download into ~/.fastai/models once online; or pass --no-pretrained") from None
-        if fp16: learn = learn.to_fp16() if torch.cuda.is_available() else learn.to_bf16()
         t0 = time.time()
         # AWD-LSTM's fine_tune leaves parameters without gradients while frozen: DDP must look for them
-        with (learn.parallel_ctx() if dp and not num_distrib() else learn.distrib_ctx(find_unused_parameters=True)): learn.fine_tune(epochs, lr)
+        with run_ctx(learn, dp, fp16, find_unused_parameters=True): learn.fine_tune(epochs, lr)
         finish(learn, 'imdb', epochs, time.time()-t0, len(dls.train_ds), out)
     run_main(_run)

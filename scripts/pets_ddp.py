@@ -5,7 +5,7 @@ from fastai.vision.all import *
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.data import PETS_RE
-from fastddp.script import get_data, train_cbs, finish, run_main, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
 
 def get_arch(name, pretrained):
     "A torchvision classifier by name, its cut/split registered for fastai when fastai's `model_meta` lacks it"
@@ -45,8 +45,7 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
         a = rank0_first(get_arch, arch, pretrained) # rank 0 fetches the weights, the others find them cached
         dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed)
         learn = vision_learner(dls, a, pretrained=pretrained, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume))
-        if fp16: learn = learn.to_fp16() if torch.cuda.is_available() else learn.to_bf16()
         t0 = time.time()
-        with (learn.parallel_ctx() if dp and not num_distrib() else learn.distrib_ctx()): learn.fine_tune(epochs, lr)
+        with run_ctx(learn, dp, fp16): learn.fine_tune(epochs, lr)
         finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), out)
     run_main(_run)

@@ -4,7 +4,7 @@ import fastddp
 from fastai.tabular.all import *
 from fastai.distributed import *
 from fastddp.core import *
-from fastddp.script import get_data, train_cbs, finish, run_main
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main
 
 @call_parse
 def main(data:str=None, # `adult_sample` folder in fastai's layout (default: download URLs.ADULT_SAMPLE)
@@ -28,8 +28,7 @@ def main(data:str=None, # `adult_sample` folder in fastai's layout (default: dow
         dls = TabularDataLoaders.from_df(df, path=path, y_names='salary', bs=bs, procs=[Categorify, FillMissing, Normalize],
             cat_names=['workclass','education','marital-status','occupation','relationship','race'], cont_names=['age','fnlwgt','education-num'])
         learn = tabular_learner(dls, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume))
-        if fp16: learn = learn.to_fp16() if torch.cuda.is_available() else learn.to_bf16()
         t0 = time.time()
-        with (learn.parallel_ctx() if dp and not num_distrib() else learn.distrib_ctx()): learn.fit_one_cycle(epochs, lr)
+        with run_ctx(learn, dp, fp16): learn.fit_one_cycle(epochs, lr)
         finish(learn, 'tabular', epochs, time.time()-t0, len(dls.train_ds), out)
     run_main(_run)

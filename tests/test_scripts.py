@@ -58,3 +58,10 @@ def test_script_checkpoint(tmp_path):
     assert p.returncode==0 and "resuming from" in p.stdout+p.stderr and "ckpt_e0002.pth" in p.stdout+p.stderr
     p = subprocess.run(base+['--epochs', '1', '--no-resume'], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr
+
+def test_script_flags(tmp_path):
+    "--fp16 (bfloat16 on CPU), --scale-lr and --accum reach the training, under 2 ranks"
+    rs = run_ranks(str(S/'tabular_ddp.py'), n=2, launcher='fastddp', args=['--synthetic', '400', '--fp16', '--scale-lr', 'sqrt', '--accum', '2', '--bs', '16', '--out', tmp_path/'o'],
+                   env={'FASTDDP_DATA': str(tmp_path/'data')})
+    assert "lr x2 (sqrt rule); global batch 16x2x2 = 64" in rs.out
+    assert json.loads((tmp_path/'o'/'metrics.json').read_text())['world_size']==2
