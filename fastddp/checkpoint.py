@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'save_atomic', 'checkpoints', 'load_latest', 'Checkpoint']
 
-# %% ../nbs/02c_checkpoint.ipynb #f3dccc12
+# %% ../nbs/02c_checkpoint.ipynb #0e721380
 import os, random, numpy as np, torch
 from pathlib import Path
 from fastai.basics import *
@@ -15,7 +15,7 @@ from fastai.distributed import *
 from .core import *
 from .eval import all_gather_list
 
-# %% ../nbs/02c_checkpoint.ipynb #1277f873
+# %% ../nbs/02c_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
     "The training loader whose generator shuffles (inside `DistributedDL` when wrapped)"
     dl = learn.dls.train
@@ -32,7 +32,7 @@ def set_rng_state(learn, st):
     if st['cuda'] is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st['cuda'])
     _train_dl(learn).rng.setstate(st['dl'])
 
-# %% ../nbs/02c_checkpoint.ipynb #b2b12a69
+# %% ../nbs/02c_checkpoint.ipynb #8fa22454
 def save_atomic(obj, fn):
     "Save `obj` to `fn` through a fsynced temporary file and a rename: `fn` is either the old file or the whole new one"
     fn = Path(fn)
@@ -47,10 +47,10 @@ def save_atomic(obj, fn):
     finally: os.close(fd)
     return fn
 
-# %% ../nbs/02c_checkpoint.ipynb #c34791fa
+# %% ../nbs/02c_checkpoint.ipynb #dda4e2f5
 def checkpoints(path):
     "Complete checkpoints in `path`, newest first"
-    return sorted(Path(path).glob('ckpt_e*.pth'), reverse=True)
+    return sorted(Path(path).glob('ckpt_e*_s*.pth'), reverse=True)
 
 def load_latest(path):
     "`(file, state)` of the newest checkpoint in `path` that loads, saying which were skipped; `(None, None)` if none"
@@ -61,11 +61,12 @@ def load_latest(path):
     if fs: raise DistribError(f"no checkpoint in {path} can be read ({', '.join(o.name for o in fs)}): delete them, or start over with resume=False")
     return None, None
 
-# %% ../nbs/02c_checkpoint.ipynb #9d4b544e
+# %% ../nbs/02c_checkpoint.ipynb #597169bd
 class Checkpoint(Callback):
-    "Save a checkpoint at the end of every epoch into `path`; with `resume='auto'`, continue from the newest"
+    "Save a checkpoint every epoch (and every `every` steps) into `path`; with `resume='auto'`, continue from the newest"
     order = 70 # after `Recorder` (50) has logged the epoch
     def __init__(self, path='checkpoints', # folder, relative to `learn.path` unless absolute
+                 every='epoch', # 'epoch', or a number of training steps
                  resume='auto', # 'auto': continue from the newest checkpoint in `path`; False: start over
                  keep:int=2): # checkpoints to keep
         store_attr()
@@ -73,30 +74,45 @@ class Checkpoint(Callback):
     def dir(self): return Path(self.learn.path)/self.path
 
     def before_fit(self):
-        self.start,self.st = 0,None
+        self.start,self.skip,self.st = 0,0,None
         if not self.resume: return
         f,st = load_latest(self.dir)
         if st is None: return
         get_model(self.learn.model).load_state_dict(st['model'])
         self.opt.load_state_dict(st['opt'])
         if st.get('scaler') is not None and getattr(self.learn, 'scaler', None) is not None: self.learn.scaler.load_state_dict(st['scaler'])
-        self.start,self.st = st['epoch'],st
+        self.start,self.skip,self.st = st['epoch'],st['iter'],st
         if st['ws']!=world_size(): warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order re-sharded")
-        rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']})")
+        rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
+
+    def _rng(self): return self.st['rng'][rank()] if self.st['ws']==world_size() else self.st['rng'][0]
 
     def before_epoch(self):
         if self.epoch<self.start: raise CancelEpochException() # done before the restart
-        if self.st is not None and self.epoch==self.start: # where the saving run was when it wrote the checkpoint
-            rs = self.st['rng']
-            set_rng_state(self.learn, rs[rank()] if self.st['ws']==world_size() else rs[0])
+    def before_train(self):
+        if self.st is not None and self.epoch==self.start: # draw this epoch's order as the saving run did
+            rs = self._rng()
+            set_rng_state(self.learn, {**rs, 'dl': self.st['dl0']} if self.skip else rs)
+            if not self.skip: self.st = None
+        self.dl0 = _train_dl(self.learn).rng.getstate() # the generator as this epoch begins
+    def before_batch(self):
+        if self.training and self.st is not None and self.iter<self.skip: raise CancelBatchException() # done before the restart
+    def after_batch(self):
+        if not self.training: return
+        if self.st is not None and self.iter==self.skip-1: # the next batch is the first to redo
+            set_rng_state(self.learn, {**self._rng(), 'dl': _train_dl(self.learn).rng.getstate()})
             self.st = None
+        elif self.st is None and self.every!='epoch' and self.train_iter%self.every==0: self._save(self.epoch, self.iter+1)
 
-    def after_epoch(self):
-        st = dict(epoch=self.epoch+1, n_epoch=self.n_epoch, ws=world_size(), rng=all_gather_list(rng_state(self.learn)),
+    def _save(self, epoch, it):
+        st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, ws=world_size(), rng=all_gather_list(rng_state(self.learn)), dl0=self.dl0,
                   model=get_model(self.learn.model).state_dict(), opt=self.opt.state_dict(),
                   scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None)
         if is_rank0():
             self.dir.mkdir(parents=True, exist_ok=True)
-            save_atomic(st, self.dir/f'ckpt_e{self.epoch+1:04d}.pth')
+            save_atomic(st, self.dir/f'ckpt_e{epoch:04d}_s{it:06d}.pth')
             for o in checkpoints(self.dir)[self.keep:]: o.unlink() # only once the new one is complete
         distrib_barrier() # nobody moves on, or reads it, before it is written
+
+    def after_epoch(self):
+        if self.epoch>=self.start: self._save(self.epoch+1, 0) # not for the epochs skipped on resume

@@ -15,7 +15,7 @@ set_seed(0)
 x = torch.randn(64,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
 torch.manual_seed(0)
 learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cpu'),
-                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=Checkpoint())
+                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=Checkpoint(every=5)) # 8 steps an epoch: mid-epoch checkpoints too
 class Die(Callback): # rank 1 dies at the 3rd step of the 2nd epoch, on the first attempt only
     def after_batch(self):
         if mode=='die' and self.training and self.epoch==1 and self.iter==2 and rank()==world_size()-1 and os.environ.get('TORCHELASTIC_RESTART_COUNT','0')=='0': os._exit(5)
@@ -33,7 +33,7 @@ def test_resume_after_kill(tmp_path, marker):
     t0 = time.time(); ref = run_ranks(CK, n=2, args=[tmp_path/'ref', 'live', 4, marker]); t_ref = time.time()-t0
     t0 = time.time(); rs = run_ranks(CK, n=2, args=[tmp_path/'run', 'die', 4, marker], largs=['--max-restarts', '1']); t_kill = time.time()-t0
     assert [o['restart'] for o in rs]==['1','1']
-    assert "resuming from" in rs.out and "ckpt_e0001.pth" in rs.out
+    assert "resuming from" in rs.out and "ckpt_e0001_s000002.pth" in rs.out # killed after step 11, checkpoint at step 10
     for o in rs: assert (_flat(o['w'])-_flat(ref[0]['w'])).abs().max()<1e-6
     print(f"uninterrupted {t_ref:.1f} s, killed and resumed {t_kill:.1f} s: a kill cost {t_kill-t_ref:.1f} s")
     # the same checkpoints with a different world size: continues, with a warning
@@ -43,12 +43,12 @@ def test_resume_after_kill(tmp_path, marker):
 
 def test_writer_killed_mid_save(tmp_path):
     "Killing the writer between write and rename leaves the previous checkpoint, which the next run picks up"
-    rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4], env={'FASTDDP_CKPT_FAULT': 'ckpt_e0002.pth'}, check=False)
+    rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4], env={'FASTDDP_CKPT_FAULT': 'ckpt_e0002_s000000.pth'}, check=False)
     assert rs.rc!=0
     names = sorted(o.name for o in (tmp_path/'checkpoints').iterdir())
-    assert names==['ckpt_e0001.pth', 'ckpt_e0002.pth.tmp'], names
+    assert names==['ckpt_e0001_s000002.pth', 'ckpt_e0001_s000007.pth', 'ckpt_e0002_s000000.pth.tmp'], names
     rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4])
-    assert "ckpt_e0001.pth" in rs.out
+    assert "resuming from" in rs.out and "ckpt_e0001_s000007.pth" in rs.out
 
 HANG = '''
 import sys, time, torch, torch.distributed as dist

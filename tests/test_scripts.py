@@ -53,9 +53,9 @@ def test_script_checkpoint(tmp_path):
     base = [sys.executable, str(S/'tabular_ddp.py'), '--synthetic', '400', '--checkpoint', str(tmp_path/'ck')]
     env = {**__import__('os').environ, 'FASTDDP_DATA': str(tmp_path/'data')}
     p = subprocess.run(base+['--epochs', '2'], capture_output=True, text=True, env=env)
-    assert p.returncode==0 and sorted(o.name for o in (tmp_path/'ck').iterdir())==['ckpt_e0001.pth', 'ckpt_e0002.pth']
+    assert p.returncode==0 and sorted(o.name for o in (tmp_path/'ck').iterdir())==['ckpt_e0001_s000000.pth', 'ckpt_e0002_s000000.pth']
     p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env)
-    assert p.returncode==0 and "resuming from" in p.stdout+p.stderr and "ckpt_e0002.pth" in p.stdout+p.stderr
+    assert p.returncode==0 and "resuming from" in p.stdout+p.stderr and "ckpt_e0002_s000000.pth" in p.stdout+p.stderr
     p = subprocess.run(base+['--epochs', '1', '--no-resume'], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr
 
