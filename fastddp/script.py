@@ -48,14 +48,18 @@ def get_data(kind:str, # 'pets', 'imdb_sample', 'imdb' or 'adult'
 def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
               accum:int=1, # micro-batches per optimizer step
               checkpoint:str=None, # folder for a checkpoint every epoch
-              resume:bool=True): # continue from the newest checkpoint there
+              resume:bool=True, # continue from the newest checkpoint there
+              time_cost:bool=False, # time every step's phases; rank 0 prints the report after each fit
+              out:str=None): # where the time-cost plot goes (`time_cost.png`)
     "The callbacks for the common flags"
     from fastddp.train import ScaleLR, Accumulate
     from fastddp.checkpoint import Checkpoint
+    from fastddp.timecost import TimeCost
     cbs = []
     if scale_lr: cbs.append(ScaleLR(scale_lr, k=accum))
     if accum>1: cbs.append(Accumulate(accum))
     if checkpoint: cbs.append(Checkpoint(Path(checkpoint).expanduser().absolute(), resume='auto' if resume else False))
+    if time_cost: cbs.append(TimeCost(fname=Path(out).expanduser()/'time_cost.png' if out else None))
     return cbs
 
 # %% ../nbs/05_script.ipynb #8a0bf71c

@@ -72,7 +72,7 @@ def check_hook(name, backend=None):
 # %% ../nbs/02b_train.ipynb #b5f283da
 class CommStats:
     "All-reduces and bytes sent by DDP's communication hook, per synchronised backward pass"
-    def __init__(self): self.syncs,self.calls,self.bytes = 0,0,0
+    def __init__(self): self.syncs,self.calls,self.bytes,self.on_issue = 0,0,0,None
     @property
     def bytes_per_sync(self): return self.bytes/max(self.syncs, 1)
     def __repr__(self): return f"{self.syncs} synchronised steps, {self.calls} all-reduces, {self.bytes_per_sync/2**20:.3f} MiB per step"
@@ -81,7 +81,10 @@ _counting = None # the `CommStats` being filled while a counted backward pass ru
 _all_reduce = dist.all_reduce
 def _counted_all_reduce(tensor, *args, **kwargs):
     "`dist.all_reduce`, counted while `_counting` is set (torch's hooks call it by module lookup)"
-    if _counting is not None: _counting.calls += 1; _counting.bytes += tensor.numel()*tensor.element_size()
+    st = _counting
+    if st is not None:
+        st.calls += 1; st.bytes += tensor.numel()*tensor.element_size()
+        if st.on_issue is not None: st.on_issue() # `TimeCost` notes when a bucket's gradients are ready
     return _all_reduce(tensor, *args, **kwargs)
 dist.all_reduce = _counted_all_reduce
 

@@ -21,7 +21,8 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
          seed:int=42, # random seed
          out:str=None, # folder for metrics.json and export.pkl
          checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
-         resume:bool=True): # with --no-resume, start over even if --checkpoint holds one
+         resume:bool=True, # with --no-resume, start over even if --checkpoint holds one
+         time_cost:bool=False): # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
     "Fine-tune an AWD-LSTM classifier on movie reviews; tokenisation runs on rank 0 first"
     def _run():
         set_seed(seed)
@@ -31,7 +32,7 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
             if sample: return TextDataLoaders.from_csv(path, 'texts.csv', text_col='text', label_col='label', valid_col='is_valid', bs=bs, seed=seed)
             return TextDataLoaders.from_folder(path, valid='test', bs=bs, seed=seed)
         dls = rank0_first(_dls)
-        try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume))
+        try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         except Exception as e:
             if not pretrained: raise
             raise ScriptError(f"no pretrained WT103 weights ({type(e).__name__}): they download into ~/.fastai/models once online; or pass --no-pretrained") from None

@@ -37,14 +37,15 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
          seed:int=42, # random seed
          out:str=None, # folder for metrics.json and export.pkl
          checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
-         resume:bool=True): # with --no-resume, start over even if --checkpoint holds one
+         resume:bool=True, # with --no-resume, start over even if --checkpoint holds one
+         time_cost:bool=False): # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
     "Fine-tune `arch` on the pet breeds; labels from the file names, images converted to RGB"
     def _run():
         set_seed(seed)
         path = get_data('pets', data, synthetic)
         a = rank0_first(get_arch, arch, pretrained) # rank 0 fetches the weights, the others find them cached
         dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed)
-        learn = vision_learner(dls, a, pretrained=pretrained, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume))
+        learn = vision_learner(dls, a, pretrained=pretrained, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         t0 = time.time()
         with run_ctx(learn, dp, fp16): learn.fine_tune(epochs, lr)
         finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), out)

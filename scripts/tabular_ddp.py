@@ -19,7 +19,8 @@ def main(data:str=None, # `adult_sample` folder in fastai's layout (default: dow
          seed:int=42, # random seed
          out:str=None, # folder for metrics.json and export.pkl
          checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
-         resume:bool=True): # with --no-resume, start over even if --checkpoint holds one
+         resume:bool=True, # with --no-resume, start over even if --checkpoint holds one
+         time_cost:bool=False): # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
     "Train fastai's standard Adult model: `Categorify, FillMissing, Normalize`, target `salary`"
     def _run():
         set_seed(seed)
@@ -27,7 +28,7 @@ def main(data:str=None, # `adult_sample` folder in fastai's layout (default: dow
         df = pd.read_csv(path/'adult.csv')
         dls = TabularDataLoaders.from_df(df, path=path, y_names='salary', bs=bs, procs=[Categorify, FillMissing, Normalize],
             cat_names=['workclass','education','marital-status','occupation','relationship','race'], cont_names=['age','fnlwgt','education-num'])
-        learn = tabular_learner(dls, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume))
+        learn = tabular_learner(dls, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         t0 = time.time()
         with run_ctx(learn, dp, fp16): learn.fit_one_cycle(epochs, lr)
         finish(learn, 'tabular', epochs, time.time()-t0, len(dls.train_ds), out)

@@ -60,8 +60,12 @@ def test_script_checkpoint(tmp_path):
     assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr
 
 def test_script_flags(tmp_path):
-    "--fp16 (bfloat16 on CPU), --scale-lr and --accum reach the training, under 2 ranks"
-    rs = run_ranks(str(S/'tabular_ddp.py'), n=2, launcher='fastddp', args=['--synthetic', '400', '--fp16', '--scale-lr', 'sqrt', '--accum', '2', '--bs', '16', '--out', tmp_path/'o'],
+    "--fp16 (bfloat16 on CPU), --scale-lr, --accum and --time-cost reach the training, under 2 ranks"
+    rs = run_ranks(str(S/'tabular_ddp.py'), n=2, launcher='fastddp', args=['--synthetic', '400', '--fp16', '--scale-lr', 'sqrt', '--accum', '2', '--bs', '16', '--out', tmp_path/'o', '--time-cost'],
                    env={'FASTDDP_DATA': str(tmp_path/'data')})
     assert "lr x2 (sqrt rule); global batch 16x2x2 = 64" in rs.out
     assert json.loads((tmp_path/'o'/'metrics.json').read_text())['world_size']==2
+    # the time-cost report, once, from rank 0, with both ranks' columns; its plot in --out
+    assert rs.out.count("time cost: 2 ranks")==1 and "rank 1: mean" in rs.out and "throughput:" in rs.out
+    assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n'
+

@@ -1,0 +1,65 @@
+"Time cost under real 3-rank DDP on CPU: phases add up, the straggler and a data-bound loader are named, the plot is a PNG"
+import struct
+from fastddp.launch import run_ranks
+
+TC = '''
+import sys, time
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+from fastddp.timecost import *
+class Slow:
+    def __init__(self, ds, s=0.): self.ds,self.s = ds,s
+    def __len__(self): return len(self.ds)
+    def __getitem__(self, i): time.sleep(self.s); return self.ds[i]
+class Wall(Callback):
+    def before_fit(self): self.secs = 0.
+    def before_train(self): self.t = time.perf_counter()
+    def after_train(self): self.secs += time.perf_counter()-self.t
+class Lag(Callback): # rank 2 spends 30 ms more per step
+    def after_pred(self):
+        if rank()==2: time.sleep(0.03)
+def mk(s=0.):
+    torch.manual_seed(0)
+    x = torch.randn(240, 64); ds = list(zip(x, x.sum(1, keepdim=True)))
+    dls = DataLoaders(DataLoader(Slow(ds, s), bs=8, shuffle=True, num_workers=0), DataLoader(ds[:24], bs=8, num_workers=0), device='cpu')
+    return Learner(dls, nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)), loss_func=MSELossFlat(), lr=1e-3)
+out = {}
+def run(nm, s=0., cbs=(), **kw):
+    l = mk(s).time_cost(**kw)
+    w = Wall()
+    with l.distrib_ctx(): l.fit(1, cbs=[w, *cbs])
+    tc = l.time_cost
+    out[nm] = dict(st=tc.stats(), rep=str(tc.report()), wall=w.secs, mine=float(tc.ranks[rank()]['steps'].sum()),
+                   n_params=sum(p.numel() for p in l.model.parameters()))
+run('plain', fname=sys.argv[1])
+run('lag', cbs=[Lag()], show=False)
+run('slow', s=0.003, show=False)
+report(**out)
+'''
+
+def test_time_cost_3_ranks(tmp_path):
+    png = tmp_path/'tc.png'
+    rs = run_ranks(TC, n=3, args=[png], timeout=600)
+    for r in rs:
+        o = r['plain']
+        # every rank's phases add up to its own training loop's wall time
+        assert abs(o['mine']/o['wall']-1) < 0.1, (o['mine'], o['wall'])
+    o = rs[0]['plain']
+    st = o['st']
+    assert st['ws']==3 and st['n']==8 and st['skip']==2 and len(st['step_ms'])==3
+    assert abs(sum(v[0][0] for v in st['phases'].values())-st['step_ms'][0]) < 1e-6
+    assert st['comm_mib']*2**20==o['n_params']*4 # every gradient, float32, once per step
+    assert st['share']['comm']>0 and st['share']['backward']>0 and st['share']['forward']>0
+    assert 'time cost: 3 ranks' in rs.out and 'rank 2: mean' in rs.out # printed by rank 0 after fit
+    assert rs.out.count('time cost: 3 ranks')==1
+    b = png.read_bytes()
+    assert b[:8]==b'\x89PNG\r\n\x1a\n' and b[12:16]==b'IHDR' and min(struct.unpack('>II', b[16:24]))>100
+    # the slowed rank is the straggler; the others wait for it in the all-reduce
+    st = rs[0]['lag']['st']
+    assert st['straggler']==2 and st['imbalance']>0.5, st['busy_ms']
+    assert st['phases']['comm'][0][0] > 20 and st['phases']['comm'][2][0] < st['phases']['comm'][0][0]/2
+    assert 'rank 2 is the straggler' in rs[0]['lag']['rep']
+    # a slow loader: the data wait leads the recommendations
+    st = rs[0]['slow']['st']
+    assert st['share']['data']>0.3 and '- data: waiting for data' in rs[0]['slow']['rep']
