@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
 
-.PHONY: demo test check export docs bench clean
+.PHONY: demo test check export docs chromium bench clean
 
 $(BIN)/.ok: requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,8 +27,23 @@ check: $(BIN)/.ok
 	git diff --exit-code -- fastddp nbs || (echo "notebooks and modules disagree, or a notebook is not clean: run nbdev-export and nbdev-clean, then commit" && exit 1)
 	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
 
-test: check
+test: check chromium
 	$(BIN)/python -m pytest -ra
+
+# The docs site: `nbdev-docs` where Quarto is installed, otherwise nbdev's processed notebooks rendered by nbconvert (offline).
+docs: $(BIN)/.ok
+	$(BIN)/python tools/docs.py
+
+# Headless Chromium and its driver for tests/test_docs.py, from Debian's packages: installed once per machine.
+# As root apt-get runs directly; otherwise through `sudo -n` (fails at once, never prompts).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null \
+	  || { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; } \
+	  || { echo "make chromium: apt-get could not install chromium and chromium-driver (it needs root or passwordless sudo)"; exit 1; }; }
+	@chromium --version 2>/dev/null && chromedriver --version
 
 bench: $(BIN)/.ok
 	$(BIN)/python -m fastddp.bench

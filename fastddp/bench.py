@@ -54,7 +54,8 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
                accum:int=1, # micro-batches per optimizer step (`fastddp.train.Accumulate`)
                comm_hook:str=None, # DDP communication hook: 'fp16', 'powersgd' (compressing from step 2)
                dp:bool=False, # DataParallel over the visible GPUs in this one process (fastai's `parallel_ctx`)
-               time_cost:bool=False): # time the phases with `TimeCost` and report their means (ms, rank 0)
+               time_cost:bool=False, # time the phases with `TimeCost` and report their means (ms, rank 0)
+               ddp:dict=None): # DDP options for `distrib_ctx` (`gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`, ...)
     "Samples/s of fastai's `fit` (inside `distrib_ctx` on several ranks); `bs` is the global batch"
     import fastddp
     from fastddp.train import Accumulate
@@ -77,7 +78,7 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     cbs = [tm]+([Accumulate(accum)] if accum>1 else [])+([TimeCost(skip=warmup, show=False)] if time_cost else [])
     learn = Learner(dls, _model(arch), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=cbs)
     learn.remove_cb(ProgressCallback)
-    ctx = learn.parallel_ctx() if dp else learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2) if ws>1 else nullcontext()
+    ctx = learn.parallel_ctx() if dp else learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, **(ddp or {})) if ws>1 else nullcontext()
     with ctx: learn.fit(1)
     if time_cost: report(tc={p:v[0][0] for p,v in learn.time_cost.stats()['phases'].items()})
     return bs*steps/(tm.t1-tm.t0)
@@ -85,7 +86,10 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
 # %% ../nbs/04_bench.ipynb #84a74bc6
 modes = dict(raw=(run_raw, {}), nosync=(run_raw, dict(sync=False)), single=(run_fastai, {}), dp=(run_fastai, dict(dp=True)),
              ddp=(run_fastai, {}), tc=(run_fastai, dict(time_cost=True)), **{f'acc{k}': (run_fastai, dict(accum=k)) for k in (2,4,8)},
-             fp16=(run_fastai, dict(comm_hook='fp16')), powersgd=(run_fastai, dict(comm_hook='powersgd')))
+             fp16=(run_fastai, dict(comm_hook='fp16')), powersgd=(run_fastai, dict(comm_hook='powersgd')),
+             bv=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=True))), sg=(run_fastai, dict(ddp=dict(static_graph=True))),
+             b1g=(run_fastai, dict(ddp=dict(bucket_cap_mb=1024))), b5=(run_fastai, dict(ddp=dict(bucket_cap_mb=5))),
+             pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))))
 _one = ('single','dp') # modes of one process
 
 def runs(ms, wss=(2,)):
@@ -230,7 +234,7 @@ def main(model:str='resnet18', # torchvision model
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp tc acc2 acc4 acc8 fp16 powersgd
+         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp tc acc2 acc4 acc8 fp16 powersgd bv sg b1g b5 pytorch
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          time_cost:bool=False, # time the phases of the fastai runs (`TimeCost`) and show them side by side
          png:str='bench.png', # the chart (empty: none)
