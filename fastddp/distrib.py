@@ -70,9 +70,11 @@ def __init__(self:DistributedTrainer,
     setup_distrib(backend=be)
     if be=='gloo':
         kwargs.setdefault('cpu', True)
-        # torch 2.14's PowerSGD hook all-reduces from gloo's callback threads; with several buckets the ranks issued
-        # them in different orders (resnet18: "Received data size doesn't match expected size"); one bucket works
-        if comm_hook=='powersgd': kwargs.setdefault('bucket_cap_mb', 1024)
+        # One bucket: on CPU the all-reduce and backward share the same cores, so overlapping them in 25 MB buckets
+        # gains nothing; all-reducing once after backward was 1.12x faster (`python -m fastddp.bench`, `b1g` vs `ddp`,
+        # resnet18, 2 ranks, 5 paired runs, spread 1.01-1.23). torch 2.14's PowerSGD hook also needs it on gloo:
+        # with several buckets the ranks issued its all-reduces in different orders ("Received data size doesn't match")
+        kwargs.setdefault('bucket_cap_mb', 1024)
     self.accelerator = Accelerator(**ddp_kwargs(kwargs))
 
 # %% ../nbs/02_distrib.ipynb #6b4d417b

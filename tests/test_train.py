@@ -16,10 +16,15 @@ def mk(bs=4, model=None, cbs=()):
 out = {}
 def run(nm, l=None, fit=lambda l: l.fit(2), **kw):
     l = l or mk()
-    with l.distrib_ctx(comm_stats=True, **kw): fit(l)
-    out[nm] = dict(w=[p.detach().clone() for p in l.model.parameters()], st=(l.comm_stats.syncs, l.comm_stats.calls, l.comm_stats.bytes_per_sync),
+    cap = Cap()
+    with l.distrib_ctx(comm_stats=True, **kw): l.add_cb(cap); fit(l)
+    out[nm] = dict(w=[p.detach().clone() for p in l.model.parameters()], st=(l.comm_stats.syncs, l.comm_stats.calls, l.comm_stats.bytes_per_sync), cap=cap.v,
                    loss=[v[0] for v in l.recorder.values], lrs=list(l.recorder.lrs))
+class Cap(Callback): # DDP's bucket size, as the trainer wrapped the model
+    order,v = 20,None # after `DistributedTrainer` (11) wrapped the model
+    def before_fit(self): self.v = getattr(self.model, 'bucket_bytes_cap', None)
 run('plain')
+run('torch', bucket_cap_mb=25) # PyTorch's default bucket size: same numbers as fastddp's one bucket on gloo
 run('opts', static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=1, broadcast_buffers=False) # same numbers, other DDP options
 run('acc', mk(bs=2, cbs=[Accumulate(2)]))
 run('big', mk(bs=4))
@@ -49,6 +54,7 @@ def test_training_helpers():
     for r in rs[1:]: assert all(_close(r[k]['w'], o[k]['w'], 1e-6) for k in ('plain','acc','fp16','psgd','bf16'))
     # DDP options pass straight through and keep the numbers
     assert _close(o['opts']['w'], o['plain']['w'], 1e-6)
+    assert _close(o['torch']['w'], o['plain']['w'], 1e-6) and o['plain']['cap']==1024*2**20 and o['torch']['cap']==25*2**20
     # accumulation: 2 micro-batches of 2 = a batch of 4; 32 micro-batches per rank over 2 epochs -> 16 all-reduce steps, not 32
     assert _close(o['acc']['w'], o['big']['w'], 1e-5)
     assert o['acc']['st'][0]==32//2 and o['big']['st'][0]==16 and o['plain']['st'][0]==16
