@@ -16,17 +16,37 @@ from .core import *
 from .launch import run_ranks
 
 # %% ../nbs/04_bench.ipynb #a334c3a7
-def _data(n, size, seed=0):
-    "`n` random images of `size` px and labels from 10 classes, the same in every process"
+_adult_cards = dict(workclass=9, education=17, marital_status=8, occupation=16, relationship=7, race=6, sex=3)
+_n_cont,_vocab = 6,8000
+
+def _data(n, size, arch='resnet18', seed=0):
+    "`n` random samples of workload `arch` as a tuple `(*xs, y)`, the same in every process; `size`: px, or tokens for text"
     import torch
     g = torch.Generator().manual_seed(seed)
+    if arch=='tabular':
+        x_cat = torch.stack([torch.randint(0, c, (n,), generator=g) for c in _adult_cards.values()], 1)
+        return x_cat, torch.randn(n, _n_cont, generator=g), torch.randint(0, 2, (n,), generator=g)
+    # tokens from 2: 0 is `xxunk` and 1 `xxpad`, which the classifier would mask out of its pooling
+    if arch=='awd_lstm': return torch.randint(2, _vocab, (n, size), generator=g), torch.randint(0, 2, (n,), generator=g)
     return torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 def _model(arch):
-    "A torchvision classifier with 10 outputs, the same initial weights in every process"
-    import torch, torchvision.models as tvm
+    "The model of workload `arch` (a torchvision name, 'tabular' or 'awd_lstm'), the same initial weights in every process"
+    import torch
     torch.manual_seed(0)
+    if arch=='tabular':
+        from fastai.tabular.model import TabularModel, emb_sz_rule
+        return TabularModel([(c, emb_sz_rule(c)) for c in _adult_cards.values()], _n_cont, 2, layers=[200,100])
+    if arch=='awd_lstm':
+        from fastai.text.models.core import get_text_classifier
+        from fastai.text.models.awdlstm import AWD_LSTM
+        return get_text_classifier(AWD_LSTM, _vocab, 2, seq_len=72)
+    import torchvision.models as tvm
     return getattr(tvm, arch)(num_classes=10)
+
+def _pred(o):
+    "The predictions: the AWD-LSTM returns (preds, raw outputs, outputs), of which fastai's `RNNCallback` keeps the first"
+    return o[0] if isinstance(o, tuple) else o
 
 # %% ../nbs/04_bench.ipynb #b8970b2b
 def run_raw(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
@@ -36,16 +56,17 @@ def run_raw(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     from torch.utils.data import DataLoader, TensorDataset, DistributedSampler
     ws = world_size()
     if ws>1: init_distrib()
-    ds = TensorDataset(*_data(bs*(steps+warmup), size))
+    ds = TensorDataset(*_data(bs*(steps+warmup), size, arch))
     dl = DataLoader(ds, batch_size=bs//ws, sampler=DistributedSampler(ds, seed=0) if ws>1 else None, shuffle=ws==1)
     m = _model(arch)
+    if hasattr(m, 'reset'): m.reset() # the AWD-LSTM's hidden state, as fastai's `ModelResetter` before training
     if ws>1: m = torch.nn.parallel.DistributedDataParallel(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     m.train()
-    for i,(xb,yb) in enumerate(dl):
+    for i,(*xb,yb) in enumerate(dl):
         if i==warmup: t0 = time.perf_counter()
         opt.zero_grad()
-        with (m.no_sync() if ws>1 and not sync else nullcontext()): F.cross_entropy(m(xb), yb).backward()
+        with (m.no_sync() if ws>1 and not sync else nullcontext()): F.cross_entropy(_pred(m(*xb)), yb).backward()
         opt.step()
     return bs*steps/(time.perf_counter()-t0)
 
@@ -62,6 +83,7 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     from fastddp.timecost import TimeCost
     from fastai.basics import Learner, DataLoaders, DataLoader, CrossEntropyLossFlat, SGD, Callback, partial
     from fastai.callback.progress import ProgressCallback
+    from fastai.callback.rnn import rnn_cbs
     from torch.utils.data import TensorDataset
     ws = world_size()
     class StepTimer(Callback):
@@ -72,11 +94,12 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
             self.i += 1
             if self.i==warmup: self.t0 = time.perf_counter()
             self.t1 = time.perf_counter()
-    x,y = _data(bs*(steps+warmup), size)
-    dls = DataLoaders(DataLoader(TensorDataset(x,y), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(x[:bs],y[:bs]), bs=bs//ws), device='cpu')
-    tm = StepTimer()
+    d = _data(bs*(steps+warmup), size, arch)
+    dls = DataLoaders(DataLoader(TensorDataset(*d), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(*[o[:bs] for o in d]), bs=bs//ws), device='cpu')
+    tm,m = StepTimer(),_model(arch)
     cbs = [tm]+([Accumulate(accum)] if accum>1 else [])+([TimeCost(skip=warmup, show=False)] if time_cost else [])
-    learn = Learner(dls, _model(arch), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=cbs)
+    if hasattr(m, 'reset'): cbs += rnn_cbs() # `ModelResetter`, `RNNCallback`; no regularizer
+    learn = Learner(dls, m, loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=cbs)
     learn.remove_cb(ProgressCallback)
     ctx = learn.parallel_ctx() if dp else learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, **(ddp or {})) if ws>1 else nullcontext()
     with ctx: learn.fit(1)
@@ -125,7 +148,7 @@ def bench(ms=('single','raw','ddp'), # runs (`mode@n`) or modes, interleaved
           reps:int=5, # repetitions of the whole series
           wss=(1,2), # world sizes of the modes given without `@n`
           time_cost:bool=False, # also time the phases of the fastai runs
-          **kw): # workload: arch, size, bs (global), steps, warmup
+          **kw): # workload: arch (a torchvision model, 'tabular', 'awd_lstm'), size, bs (global), steps, warmup
     "Samples/s of each run in each repetition, the runs interleaved; and the phase times of the fastai runs"
     from fastprogress.fastprogress import progress_bar
     rs = runs(ms, wss)
@@ -228,27 +251,29 @@ def launch_bench(reps:int=5, n:int=2):
 
 # %% ../nbs/04_bench.ipynb #eb8d3484
 @call_parse
-def main(model:str='resnet18', # torchvision model
-         size:int=64, # image size
+def main(model:str='resnet18', # workload: a torchvision model on images, 'tabular' (Adult-shaped `TabularModel`) or 'awd_lstm' (AWD-LSTM text classifier)
+         size:int=None, # image size (64), or tokens per text for awd_lstm (72); unused for tabular
          bs:int=64, # global batch size
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
          modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp tc acc2 acc4 acc8 fp16 powersgd bv sg b1g b5 pytorch
          world_sizes:str='1,2', # ranks for the modes given without `@n`
-         time_cost:bool=False, # time the phases of the fastai runs (`TimeCost`) and show them side by side
+         no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side
          png:str='bench.png', # the chart (empty: none)
          launch:bool=False): # instead: time to the first batch, fastddp-launch vs torchrun
-    "Benchmark: samples/s of one process, DataParallel, DDP and the raw PyTorch loop, as paired ratios; phase times; a chart"
+    "Benchmark: samples/s of one process, DataParallel, DDP and the raw PyTorch loop on one workload, as paired ratios; phase times; a chart"
     if launch:
         res,(md,lo,hi) = launch_bench(reps)
         print(f"seconds from launcher start to the first batch on 2 CPU ranks, {reps} interleaved pairs")
         for k,v in res.items(): print(f"{k}: median {statistics.median(v):.2f} s ({', '.join(f'{o:.2f}' for o in v)})")
         print(f"fastddp-launch / torchrun --standalone: median {md:.2f} (spread {lo:.2f}-{hi:.2f})")
         return
+    if size is None: size = 72 if model=='awd_lstm' else 64
     wss = [int(o) for o in str(world_sizes).split(',')]
-    res,tcs = bench(modes.split(','), reps, wss, time_cost, arch=model, size=size, bs=bs, steps=steps, warmup=warmup)
-    print(f"{model}, {size}px, global batch {bs}, {steps} timed steps after {warmup}, 1 thread per process, {reps} interleaved repetitions")
+    res,tcs = bench(modes.split(','), reps, wss, not no_time_cost, arch=model, size=size, bs=bs, steps=steps, warmup=warmup)
+    what = dict(tabular='tabular (Adult-shaped TabularModel)', awd_lstm=f'awd_lstm, {size} tokens').get(model, f'{model}, {size}px')
+    print(f"{what}, global batch {bs}, {steps} timed steps after {warmup}, 1 thread per process, {reps} interleaved repetitions")
     print(table(res, tcs))
     if png:
         import matplotlib; matplotlib.use('Agg')
