@@ -49,25 +49,39 @@ def _pred(o):
     return o[0] if isinstance(o, tuple) else o
 
 # %% ../nbs/04_bench.ipynb #b8970b2b
+def _device():
+    "This rank's GPU when there is one (`LOCAL_RANK`), else the CPU"
+    import torch
+    if not torch.cuda.is_available(): return torch.device('cpu')
+    torch.cuda.set_device(local_rank())
+    return torch.device('cuda', local_rank())
+
+def _sync():
+    "Wait for the GPU, so that the clock measures the work and not its launch"
+    import torch
+    if torch.cuda.is_available(): torch.cuda.synchronize()
+
 def run_raw(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
             sync:bool=True): # False: `no_sync` on every step, the bound DDP would reach if communication were free
     "Samples/s of a hand-written PyTorch training loop (DDP on several ranks); `bs` is the global batch"
     import torch, torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset, DistributedSampler
-    ws = world_size()
+    ws,dev = world_size(),_device()
     if ws>1: init_distrib()
     ds = TensorDataset(*_data(bs*(steps+warmup), size, arch))
     dl = DataLoader(ds, batch_size=bs//ws, sampler=DistributedSampler(ds, seed=0) if ws>1 else None, shuffle=ws==1)
-    m = _model(arch)
+    m = _model(arch).to(dev)
     if hasattr(m, 'reset'): m.reset() # the AWD-LSTM's hidden state, as fastai's `ModelResetter` before training
-    if ws>1: m = torch.nn.parallel.DistributedDataParallel(m)
+    if ws>1: m = torch.nn.parallel.DistributedDataParallel(m, device_ids=[dev.index] if dev.type=='cuda' else None)
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     m.train()
     for i,(*xb,yb) in enumerate(dl):
-        if i==warmup: t0 = time.perf_counter()
+        xb,yb = [o.to(dev) for o in xb],yb.to(dev)
+        if i==warmup: _sync(); t0 = time.perf_counter()
         opt.zero_grad()
         with (m.no_sync() if ws>1 and not sync else nullcontext()): F.cross_entropy(_pred(m(*xb)), yb).backward()
         opt.step()
+    _sync()
     return bs*steps/(time.perf_counter()-t0)
 
 # %% ../nbs/04_bench.ipynb #35b616bb
@@ -92,10 +106,10 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
         def after_batch(self):
             if not self.training: return
             self.i += 1
-            if self.i==warmup: self.t0 = time.perf_counter()
-            self.t1 = time.perf_counter()
+            if self.i==warmup: _sync(); self.t0 = time.perf_counter()
+            if self.i==warmup+steps: _sync(); self.t1 = time.perf_counter()
     d = _data(bs*(steps+warmup), size, arch)
-    dls = DataLoaders(DataLoader(TensorDataset(*d), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(*[o[:bs] for o in d]), bs=bs//ws), device='cpu')
+    dls = DataLoaders(DataLoader(TensorDataset(*d), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(*[o[:bs] for o in d]), bs=bs//ws)) # on the GPU when there is one
     tm,m = StepTimer(),_model(arch)
     cbs = [tm]+([Accumulate(accum)] if accum>1 else [])+([TimeCost(skip=warmup, show=False)] if time_cost else [])
     if hasattr(m, 'reset'): cbs += rnn_cbs() # `ModelResetter`, `RNNCallback`; no regularizer
@@ -112,6 +126,7 @@ modes = dict(raw=(run_raw, {}), nosync=(run_raw, dict(sync=False)), single=(run_
              fp16=(run_fastai, dict(comm_hook='fp16')), powersgd=(run_fastai, dict(comm_hook='powersgd')),
              bv=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=True))), sg=(run_fastai, dict(ddp=dict(static_graph=True))),
              b1g=(run_fastai, dict(ddp=dict(bucket_cap_mb=1024))), b5=(run_fastai, dict(ddp=dict(bucket_cap_mb=5))),
+             steploss=(run_fastai, dict(ddp=dict(step_loss=True))),
              pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))))
 _one = ('single','dp') # modes of one process
 
@@ -214,7 +229,7 @@ def chart(res, tcs=None, fname='bench.png'):
         for p in tcs[ks[0]]:
             w = [tcs[k][p] for k in ks]
             ax.barh(ks, w, left=left, color=_colors[p], label=p); left = [a+b for a,b in zip(left, w)]
-        ax.set(xlabel='ms per step (rank 0)', title='time cost'); ax.invert_yaxis(); ax.legend(fontsize=7)
+        ax.set(xlabel='ms per step (rank 0)', title='time cost'); ax.invert_yaxis(); ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1, .5))
     fig.tight_layout()
     if fname: fig.savefig(fname, dpi=100)
     return fig
@@ -257,7 +272,7 @@ def main(model:str='resnet18', # workload: a torchvision model on images, 'tabul
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp tc acc2 acc4 acc8 fp16 powersgd bv sg b1g b5 pytorch
+         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp tc acc2 acc4 acc8 fp16 powersgd bv sg b1g b5 pytorch steploss
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side
          png:str='bench.png', # the chart (empty: none)

@@ -62,17 +62,18 @@ def __init__(self:DistributedTrainer,
         comm_hook:str=None, # DDP communication hook: 'fp16', 'bf16' (nccl only) or 'powersgd' (see `fastddp.train`)
         powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
+        step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
     from fastddp.train import ddp_kwargs, check_hook
-    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats')
+    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss')
     be = check_backend(backend)
     check_hook(comm_hook, be)
     setup_distrib(backend=be)
     if be=='gloo':
         kwargs.setdefault('cpu', True)
         # One bucket: on CPU the all-reduce and backward share the same cores, so overlapping them in 25 MB buckets
-        # gains nothing; all-reducing once after backward was 1.12x faster (`python -m fastddp.bench`, `b1g` vs `ddp`,
-        # resnet18, 2 ranks, 5 paired runs, spread 1.01-1.23). torch 2.14's PowerSGD hook also needs it on gloo:
+        # gains nothing; all-reducing once after backward was 1.03x faster (`python -m fastddp.bench --modes ddp,pytorch`,
+        # resnet18, 2 ranks, 5 paired runs on a quiet machine, spread 0.99-1.05). torch 2.14's PowerSGD hook also needs it on gloo:
         # with several buckets the ranks issued its all-reduces in different orders ("Received data size doesn't match")
         kwargs.setdefault('bucket_cap_mb', 1024)
     self.accelerator = Accelerator(**ddp_kwargs(kwargs))
@@ -124,11 +125,17 @@ def before_fit(self:DistributedTrainer):
         from fastddp.train import register_hook, CountComm
         register_hook(self)
         if not any(isinstance(o, CountComm) for o in self.learn.cbs): self.learn.add_cb(CountComm())
+    if not self.step_loss:
+        from fastddp.eval import EpochLoss
+        if not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
 
 # %% ../nbs/02_distrib.ipynb #807534fb
 @patch
 def after_fit(self:DistributedTrainer):
     self.learn.model,self.learn.dls.loaders = self.learn.model.module,self.old_dls
+    from fastddp.eval import EpochLoss
+    self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
+    self.learn._epoch_losses = None # in case an epoch ended without `after_train`
     if self.opt is not None: self.opt.set_to_none = False
 
 # %% ../nbs/02_distrib.ipynb #99738b59

@@ -14,17 +14,21 @@ def mk(bs=4, model=None, cbs=()):
     return Learner(DataLoaders(DataLoader(ds, bs=bs), DataLoader(ds[:8], bs=bs), device='cpu'), model or nn.Sequential(nn.Linear(8,16), nn.ReLU(), nn.Linear(16,1)),
                    loss_func=MSELossFlat(), opt_func=SGD, lr=0.02, cbs=list(cbs))
 out = {}
+_ag,n_ag = torch.distributed.all_gather,[0] # fastai's per-step loss gather goes through this name
+def _counted(*a, **k): n_ag[0] += 1; return _ag(*a, **k)
+torch.distributed.all_gather = _counted
 def run(nm, l=None, fit=lambda l: l.fit(2), **kw):
     l = l or mk()
-    cap = Cap()
+    cap,ag0 = Cap(),n_ag[0]
     with l.distrib_ctx(comm_stats=True, **kw): l.add_cb(cap); fit(l)
-    out[nm] = dict(w=[p.detach().clone() for p in l.model.parameters()], st=(l.comm_stats.syncs, l.comm_stats.calls, l.comm_stats.bytes_per_sync), cap=cap.v,
+    out[nm] = dict(w=[p.detach().clone() for p in l.model.parameters()], st=(l.comm_stats.syncs, l.comm_stats.calls, l.comm_stats.bytes_per_sync), cap=cap.v, ag=n_ag[0]-ag0, rl=[float(o) for o in l.recorder.losses],
                    loss=[v[0] for v in l.recorder.values], lrs=list(l.recorder.lrs))
 class Cap(Callback): # DDP's bucket size, as the trainer wrapped the model
     order,v = 20,None # after `DistributedTrainer` (11) wrapped the model
     def before_fit(self): self.v = getattr(self.model, 'bucket_bytes_cap', None)
 run('plain')
 run('torch', bucket_cap_mb=25) # PyTorch's default bucket size: same numbers as fastddp's one bucket on gloo
+run('steploss', step_loss=True) # fastai's per-step loss gather
 run('opts', static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=1, broadcast_buffers=False) # same numbers, other DDP options
 run('acc', mk(bs=2, cbs=[Accumulate(2)]))
 run('big', mk(bs=4))
@@ -55,6 +59,11 @@ def test_training_helpers():
     # DDP options pass straight through and keep the numbers
     assert _close(o['opts']['w'], o['plain']['w'], 1e-6)
     assert _close(o['torch']['w'], o['plain']['w'], 1e-6) and o['plain']['cap']==1024*2**20 and o['torch']['cap']==25*2**20
+    # the smoothed training loss: exchanged once per epoch by default, at every step with step_loss; the same values
+    assert o['plain']['ag']==0 and o['steploss']['ag']==16 and len(o['plain']['rl'])==16
+    assert max(abs(a-b) for a,b in zip(o['plain']['rl'], o['steploss']['rl'])) < 1e-6 and _close(o['plain']['w'], o['steploss']['w'], 0)
+    assert all(abs(a-b) < 1e-6 for a,b in zip(o['plain']['loss'], o['steploss']['loss']))
+    for r in rs[1:]: assert max(abs(a-b) for a,b in zip(r['plain']['rl'], o['plain']['rl'])) < 1e-6 # every rank records the global values
     # accumulation: 2 micro-batches of 2 = a batch of 4; 32 micro-batches per rank over 2 epochs -> 16 all-reduce steps, not 32
     assert _close(o['acc']['w'], o['big']['w'], 1e-5)
     assert o['acc']['st'][0]==32//2 and o['big']['st'][0]==16 and o['plain']['st'][0]==16
