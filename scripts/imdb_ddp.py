@@ -4,7 +4,7 @@ import fastddp
 from fastai.text.all import *
 from fastai.distributed import *
 from fastddp.core import *
-from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, n_workers, ScriptError
 
 @call_parse
 def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fastai's layout (default: download)
@@ -17,6 +17,7 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
          scale_lr:str=None, # scale lr with the number of processes: 'linear' or 'sqrt'
          accum:int=1, # micro-batches per optimizer step
          fp16:bool=False, # mixed precision (bfloat16 on CPU)
+         comm_hook:str=None, # compress DDP's gradients: 'fp16' or 'powersgd' (faster all-reduce, changes the numbers)
          dp:bool=False, # DataParallel over the visible GPUs instead of DDP (without a launcher)
          seed:int=42, # random seed
          out:str=None, # folder for metrics.json and export.pkl
@@ -29,8 +30,8 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
         kind = 'imdb_sample' if sample else 'imdb'
         path = get_data(kind, data, synthetic)
         def _dls(): # tokenised once by rank 0 (fastai caches it next to the data), then read by the others
-            if sample: return TextDataLoaders.from_csv(path, 'texts.csv', text_col='text', label_col='label', valid_col='is_valid', bs=bs, seed=seed)
-            return TextDataLoaders.from_folder(path, valid='test', bs=bs, seed=seed)
+            if sample: return TextDataLoaders.from_csv(path, 'texts.csv', text_col='text', label_col='label', valid_col='is_valid', bs=bs, seed=seed, num_workers=n_workers())
+            return TextDataLoaders.from_folder(path, valid='test', bs=bs, seed=seed, num_workers=n_workers())
         dls = rank0_first(_dls)
         try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         except Exception as e:
@@ -38,6 +39,6 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
             raise ScriptError(f"no pretrained WT103 weights ({type(e).__name__}): they download into ~/.fastai/models once online; or pass --no-pretrained") from None
         t0 = time.time()
         # AWD-LSTM's fine_tune leaves parameters without gradients while frozen: DDP must look for them
-        with run_ctx(learn, dp, fp16, find_unused_parameters=True): learn.fine_tune(epochs, lr)
+        with run_ctx(learn, dp, fp16, comm_hook=comm_hook, find_unused_parameters=True): learn.fine_tune(epochs, lr)
         finish(learn, 'imdb', epochs, time.time()-t0, len(dls.train_ds), out)
     run_main(_run)

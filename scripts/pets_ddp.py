@@ -5,7 +5,7 @@ from fastai.vision.all import *
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.data import PETS_RE
-from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, n_workers, ScriptError
 
 def get_arch(name, pretrained):
     "A torchvision classifier by name, its cut/split registered for fastai when fastai's `model_meta` lacks it"
@@ -33,6 +33,7 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
          scale_lr:str=None, # scale lr with the number of processes: 'linear' or 'sqrt'
          accum:int=1, # micro-batches per optimizer step
          fp16:bool=False, # mixed precision (bfloat16 on CPU)
+         comm_hook:str=None, # compress DDP's gradients: 'fp16' or 'powersgd' (faster all-reduce, changes the numbers)
          dp:bool=False, # DataParallel over the visible GPUs instead of DDP (without a launcher)
          seed:int=42, # random seed
          out:str=None, # folder for metrics.json and export.pkl
@@ -44,9 +45,9 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
         set_seed(seed)
         path = get_data('pets', data, synthetic)
         a = rank0_first(get_arch, arch, pretrained) # rank 0 fetches the weights, the others find them cached
-        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed)
+        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed, num_workers=n_workers())
         learn = vision_learner(dls, a, pretrained=pretrained, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         t0 = time.time()
-        with run_ctx(learn, dp, fp16): learn.fine_tune(epochs, lr)
+        with run_ctx(learn, dp, fp16, comm_hook=comm_hook): learn.fine_tune(epochs, lr)
         finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), out)
     run_main(_run)

@@ -7,7 +7,7 @@ S = ROOT/'scripts'
 CASES = {'tabular': ('tabular_ddp.py', ['--synthetic', '400', '--bs', '32', '--epochs', '1']),
          'pets': ('pets_ddp.py', ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained']),
          'imdb': ('imdb_ddp.py', ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained'])}
-KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','history'}
+KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','comm_mib','history'}
 
 # a plain fastai environment: no `import fastddp`, and the tabular script's own validation set rebuilt
 EVAL = '''
@@ -60,11 +60,17 @@ def test_script_checkpoint(tmp_path):
     assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr
 
 def test_script_flags(tmp_path):
-    "--fp16 (bfloat16 on CPU), --scale-lr, --accum and --time-cost reach the training, under 2 ranks"
-    rs = run_ranks(str(S/'tabular_ddp.py'), n=2, launcher='fastddp', args=['--synthetic', '400', '--fp16', '--scale-lr', 'sqrt', '--accum', '2', '--bs', '16', '--out', tmp_path/'o', '--time-cost'],
+    "--fp16 (bfloat16 on CPU), --scale-lr, --accum, --comm-hook and --time-cost reach the training, under 2 ranks"
+    rs = run_ranks(str(S/'tabular_ddp.py'), n=2, launcher='fastddp', args=['--synthetic', '400', '--fp16', '--scale-lr', 'sqrt', '--accum', '2', '--bs', '16', '--out', tmp_path/'o', '--time-cost', '--comm-hook', 'fp16'],
                    env={'FASTDDP_DATA': str(tmp_path/'data')})
     assert "lr x2 (sqrt rule); global batch 16x2x2 = 64" in rs.out
-    assert json.loads((tmp_path/'o'/'metrics.json').read_text())['world_size']==2
+    m = json.loads((tmp_path/'o'/'metrics.json').read_text())
+    assert m['world_size']==2
+    # fp16 compression: every synchronised step sent 2 bytes per parameter (the gradients themselves are float32)
+    from fastai.learner import load_learner
+    import fastai.tabular.all
+    n = sum(p.numel() for p in load_learner(tmp_path/'o'/'export.pkl').model.parameters())
+    assert m['comm_mib']*2**20==2*n
     # the time-cost report, once, from rank 0, with both ranks' columns; its plot in --out
     assert rs.out.count("time cost: 2 ranks")==1 and "rank 1: mean" in rs.out and "throughput:" in rs.out
     assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n'
