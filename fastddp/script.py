@@ -48,8 +48,9 @@ def get_data(kind:str, # 'pets', 'imdb_sample', 'imdb' or 'adult'
 # %% ../nbs/05_script.ipynb #2d127d5d
 def n_workers():
     "DataLoader workers for each rank of this run: the CPUs this process may use, shared by the launcher's ranks on this machine"
+    from fastddp.core import _env_int
     from fastddp.doctor import cpus, rank_workers
-    return rank_workers(cpus()[0], int(os.environ.get('LOCAL_WORLD_SIZE') or 1))
+    return rank_workers(cpus()[0], _env_int('LOCAL_WORLD_SIZE', 1))
 
 # %% ../nbs/05_script.ipynb #5f1d554c
 class EpochTimer(Callback):
