@@ -10,21 +10,50 @@ __all__ = []
 # %% ../nbs/00_init.ipynb #ceaf033a
 __version__ = "0.1.0"
 import sys, importlib, importlib.abc, importlib.util
-_patches = 'fastddp.distrib','fastddp.eval','fastddp.train' # the modules that patch fastai
+_loading = [] # `fastai.distributed` and the fastddp modules executing now, outermost first
 
+def _patch():
+    "Patch fastai's distributed module, once it is loaded and no fastddp module is half-loaded"
+    if 'fastai.distributed' in sys.modules and not _loading: importlib.import_module('fastddp.distrib')
+
+# %% ../nbs/00_init.ipynb #7395a1ae
+def _on_first_use(name):
+    "A `Learner` method that loads `fastai.distributed`, whose patched methods replace it, then calls the real one"
+    def _f(self, *args, **kwargs):
+        importlib.import_module('fastai.distributed')
+        return getattr(self, name)(*args, **kwargs)
+    _f.__name__,_f.__qualname__,_f.__doc__ = name,f'Learner.{name}',f"`Learner.{name}` from `fastai.distributed`, loaded on first use"
+    return _f
+
+def _add_placeholders():
+    "Give fastai's `Learner` the distributed methods before `fastai.distributed` is imported"
+    if 'fastai.distributed' in sys.modules: return
+    L = sys.modules['fastai.learner'].Learner
+    for o in ('distrib_ctx','to_distributed','parallel_ctx','to_parallel'):
+        if not hasattr(L, o): setattr(L, o, _on_first_use(o))
+
+# %% ../nbs/00_init.ipynb #9f7f80dc
 class _PatchFastai(importlib.abc.MetaPathFinder):
-    "Patch `fastai.distributed` with `fastddp.distrib` as soon as it has been imported"
+    "Run `_patch` after `fastai.distributed` and every fastddp module has executed; placeholders after `fastai.learner`"
+    _busy = False
     def find_spec(self, name, path=None, target=None):
-        if name!='fastai.distributed': return None
-        sys.meta_path.remove(self) # once is enough, and `find_spec` below must not find us again
-        spec = importlib.util.find_spec(name)
-        exec_mod = spec.loader.exec_module
+        if self._busy or not (name in ('fastai.distributed','fastai.learner') or name.startswith('fastddp.')): return None
+        self._busy = True # `find_spec` below asks every finder again, this one included
+        try: spec = importlib.util.find_spec(name)
+        finally: self._busy = False
+        if spec is None or spec.loader is None: return spec
+        run = spec.loader.exec_module
         def _exec(m):
-            exec_mod(m)
-            for o in _patches: importlib.import_module(o)
+            mine = name!='fastai.learner' # `fastai.learner` finishes inside `fastai.distributed`'s import
+            if mine: _loading.append(name)
+            try: run(m)
+            finally:
+                if mine: _loading.pop()
+            if name=='fastai.learner': _add_placeholders()
+            _patch()
         spec.loader.exec_module = _exec
         return spec
 
-if 'fastai.distributed' in sys.modules:
-    for o in _patches: importlib.import_module(o)
-elif not any(isinstance(o, _PatchFastai) for o in sys.meta_path): sys.meta_path.insert(0, _PatchFastai())
+if 'fastai.learner' in sys.modules: _add_placeholders()
+if 'fastai.distributed' in sys.modules: _patch()
+if not any(isinstance(o, _PatchFastai) for o in sys.meta_path): sys.meta_path.insert(0, _PatchFastai())

@@ -6,11 +6,11 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
-           'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'distrib_timeout', 'init_distrib',
-           'report', 'read_reports']
+           'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'cpus', 'rank_workers', 'n_workers',
+           'distrib_timeout', 'init_distrib']
 
 # %% ../nbs/00_core.ipynb #5a53279b
-import os, sys, pickle, datetime
+import os, sys, datetime
 from pathlib import Path
 
 # %% ../nbs/00_core.ipynb #f830cd69
@@ -90,6 +90,32 @@ def distrib_device():
     import torch
     return torch.device('cuda', local_rank()) if has_cuda() else torch.device('cpu')
 
+# %% ../nbs/00_core.ipynb #6560eeb3
+def _cg_cpus():
+    "CPUs a cgroup quota allows (v2 `cpu.max` or v1 `cfs_quota_us`), None when unlimited"
+    try: q,p = Path('/sys/fs/cgroup/cpu.max').read_text().split()
+    except (OSError, ValueError):
+        try: q,p = [Path(f'/sys/fs/cgroup/cpu/cpu.cfs_{o}_us').read_text().strip() for o in ('quota','period')]
+        except OSError: return None
+    return None if q in ('max','-1') else max(1, int(q)//int(p))
+
+def cpus():
+    "(CPUs this process may use, CPUs on the machine)"
+    try: n = len(os.sched_getaffinity(0))
+    except AttributeError: n = os.cpu_count() # macOS and Windows have no affinity call
+    return min(n, _cg_cpus() or n), os.cpu_count()
+
+def rank_workers(n:int, # CPUs usable
+                 nproc:int): # ranks on this machine
+    "DataLoader workers per rank that keep the ranks and their workers within the CPUs (at most fastai's 16)"
+    return min(16, max(0, n//nproc-1))
+
+
+# %% ../nbs/00_core.ipynb #473a1a3f
+def n_workers():
+    "DataLoader workers for each rank of this run: the CPUs this process may use, shared by the launcher's ranks on this machine"
+    return rank_workers(cpus()[0], _env_int('LOCAL_WORLD_SIZE', 1))
+
 # %% ../nbs/00_core.ipynb #5e75a7af
 def distrib_timeout():
     "How long a collective waits for a peer (`FASTDDP_TIMEOUT` seconds, default 300)"
@@ -105,22 +131,3 @@ def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gl
         st = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world_size(), is_master=False, timeout=kw['timeout'])
         kw.update(store=dist.PrefixStore(f'fastddp/attempt_{n}', st), rank=rank(), world_size=world_size())
     dist.init_process_group(**kw)
-
-# %% ../nbs/00_core.ipynb #11005453
-def report(**kwargs):
-    "Add `kwargs` to this rank's report, when `FASTDDP_REPORT_DIR` asks for one"
-    d = os.environ.get('FASTDDP_REPORT_DIR')
-    if not d: return
-    fn = Path(d)/f'rank{rank()}.pkl'
-    res = pickle.loads(fn.read_bytes()) if fn.exists() else {}
-    res.update(kwargs)
-    tmp = fn.with_suffix('.tmp')
-    tmp.write_bytes(pickle.dumps(res))
-    tmp.replace(fn) # a rank killed mid-write leaves its previous report whole
-
-# %% ../nbs/00_core.ipynb #ee7a9c57
-def read_reports(path, n=None):
-    "The reports in `path`, one dict per rank (missing ranks give `None`)"
-    path = Path(path)
-    n = n or 1+max([int(o.stem[4:]) for o in path.glob('rank*.pkl')], default=-1)
-    return [pickle.loads((path/f'rank{i}.pkl').read_bytes()) if (path/f'rank{i}.pkl').exists() else None for i in range(n)]

@@ -13,7 +13,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from fastai.callback.core import GatherPredsCallback
 from fastai.callback.progress import CSVLogger
-from .core import *
+from .core import *; from fastddp.testing import report
 
 # %% ../nbs/02a_eval.ipynb #ce766a5c
 def shard(n:int, # items in the epoch's order

@@ -4,7 +4,7 @@ import fastddp
 from fastai.text.all import *
 from fastai.distributed import *
 from fastddp.core import *
-from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, n_workers, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
 
 @call_parse
 def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fastai's layout (default: download)

@@ -5,7 +5,7 @@ from fastai.vision.all import *
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.data import PETS_RE
-from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, n_workers, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
 
 def get_arch(name, pretrained):
     "A torchvision classifier by name, its cut/split registered for fastai when fastai's `model_meta` lacks it"

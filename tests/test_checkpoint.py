@@ -1,14 +1,14 @@
 "Fault tolerance: a killed rank restarted by the agent resumes from an atomic checkpoint and ends as an uninterrupted run"
 import os, sys, time
 from pathlib import Path
-from fastddp.launch import run_ranks
+from fastddp.testing import run_ranks
 from conftest import wait_gone
 
 CK = '''
 import sys, os, time
 from fastai.basics import *
 from fastai.distributed import *
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 from fastddp.checkpoint import Checkpoint
 path, mode, n_ep = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 set_seed(0)
@@ -52,7 +52,7 @@ def test_writer_killed_mid_save(tmp_path):
 
 HANG = '''
 import sys, time, torch, torch.distributed as dist
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 init_distrib('gloo')
 if rank()==1: time.sleep(120) # a rank that hangs
 t = torch.ones(3); dist.all_reduce(t)

@@ -1,6 +1,7 @@
 "Foundation: `learn.distrib_ctx()` trains data-parallel on gloo with every launcher, and gives one process's weights"
 import pytest, re
-from fastddp.launch import run_ranks, free_port
+from fastddp.launch import free_port
+from fastddp.testing import run_ranks
 
 # One launch checks many things: each rank reports what it saw, the test asserts on the reports.
 EQUIV = '''
@@ -8,7 +9,7 @@ import sys, time, os
 from pathlib import Path
 from fastai.basics import *
 from fastai.distributed import *
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 n,bs,ws = int(sys.argv[1]),2,world_size()
 set_seed(0)
 x = torch.randn(n,3); y = x@tensor([1.,-2.,3.])[:,None]+0.1
@@ -97,7 +98,7 @@ def test_equivalence(launcher, ws, n, tmp_path):
 WS1 = '''
 from fastai.basics import *
 from fastai.distributed import *
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 x = torch.randn(8,2); dsets = list(zip(x, x.sum(1, keepdim=True)))
 learn = Learner(DataLoaders(DataLoader(dsets, bs=4), DataLoader(dsets, bs=4), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat())
 w0 = learn.model.weight.detach().clone()
@@ -123,7 +124,7 @@ from fastai.vision.all import *
 from fastai.tabular.all import *
 from fastai.distributed import *
 from torchvision.models import resnet18
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 set_seed(0)
 # a torchvision resnet with BatchNorm, default distrib_ctx arguments
 x = torch.randn(16,3,32,32); y = torch.randint(0,2,(16,))
@@ -154,7 +155,8 @@ import fastddp
 from accelerate import notebook_launcher
 from fastai.basics import *
 from fastai.distributed import *
-from fastddp.core import report, world_size
+from fastddp.core import world_size
+from fastddp.testing import report
 def train():
     x = torch.randn(8,2); dsets = list(zip(x, x.sum(1, keepdim=True)))
     torch.manual_seed(0)

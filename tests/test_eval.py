@@ -1,6 +1,6 @@
 "Exact evaluation: under DDP, validate(), the recorded metrics and get_preds() equal one process's, for any world size"
 import pytest
-from fastddp.launch import run_ranks
+from fastddp.testing import run_ranks
 
 # Each rank first evaluates the learners alone (the single-process reference, same weights), then inside `distrib_ctx`.
 EVAL = '''
@@ -9,7 +9,7 @@ import pandas as pd
 from fastai.tabular.all import *
 from fastai.vision.all import *
 from fastai.distributed import *
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 from fastddp.data import make_adult
 path, text = Path(sys.argv[1]), sys.argv[2]=='text'
 defaults.cpus = 0 # tokenise in-process: no worker pools inside the ranks

@@ -1,13 +1,14 @@
 "Launcher: `fastddp-launch` / `python -m fastai.launch` on torch's elastic agent; failures stop every rank, nothing is left behind"
 import os, sys, time, signal, socket, subprocess, pytest
 from pathlib import Path
-from fastddp.launch import run_ranks, free_port, launch
+from fastddp.launch import free_port, launch
+from fastddp.testing import run_ranks
 from conftest import procs_with, wait_gone, start, ROOT
 
 # A plain torch DDP-style loop: cheap to start (no fastai import), and blocks in all_reduce like real training.
 LOOP = '''
 import os, sys, time, torch, torch.distributed as dist
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 init_distrib('gloo')
 report(pid=os.getpid(), restart=os.environ.get('TORCHELASTIC_RESTART_COUNT'), ws=world_size())
 print(f"hello from rank {rank()}", flush=True)
@@ -118,7 +119,7 @@ MN = '''
 import sys
 from fastai.basics import *
 from fastai.distributed import *
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 set_seed(rank()) # different data and init on every rank: DDP must make the weights agree
 x = torch.randn(16,3); dsets = list(zip(x, x.sum(1, keepdim=True)))
 learn = Learner(DataLoaders(DataLoader(dsets, bs=4, shuffle=True), DataLoader(dsets[:4], bs=4), device='cpu'), nn.Linear(3,1), loss_func=MSELossFlat())
@@ -138,7 +139,7 @@ def _two_nodes(marker, mode, port):
 
 def test_multi_node(marker):
     "Two launchers with --nnodes 2 form one 4-rank job that trains to identical weights on every rank"
-    from fastddp.core import read_reports
+    from fastddp.testing import read_reports
     nodes = _two_nodes(marker, 'train', free_port())
     outs = [p.communicate(timeout=240)[0] for p,d in nodes]
     assert [p.returncode for p,d in nodes]==[0,0], outs
@@ -148,7 +149,7 @@ def test_multi_node(marker):
 
 def test_multi_node_stop_one(marker):
     "Stopping one node (SIGTERM to its launcher) ends the other with a clear error; no worker of either is left"
-    from fastddp.core import read_reports
+    from fastddp.testing import read_reports
     (p0,d0),(p1,d1) = _two_nodes(marker, 'hang', free_port())
     end = time.time()+240
     while sum(1 for o in read_reports(d0, 4)+read_reports(d1, 4) if o)<4 and time.time()<end: time.sleep(0.5)

@@ -1,6 +1,6 @@
 "The example scripts: one process, and 2 CPU ranks under `python -m fastai.launch` and `torchrun`, on generated data"
 import json, sys, subprocess, pytest
-from fastddp.launch import run_ranks
+from fastddp.testing import run_ranks
 from conftest import ROOT
 
 S = ROOT/'scripts'

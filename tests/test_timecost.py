@@ -1,12 +1,12 @@
 "Time cost under real 3-rank DDP on CPU: phases add up, the straggler and a data-bound loader are named, the plot is a PNG"
 import struct
-from fastddp.launch import run_ranks
+from fastddp.testing import run_ranks
 
 TC = '''
 import sys, time
 from fastai.basics import *
 from fastai.distributed import *
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 from fastddp.timecost import *
 class Slow:
     def __init__(self, ds, s=0.): self.ds,self.s = ds,s

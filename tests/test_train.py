@@ -1,10 +1,10 @@
 "Training helpers under real 2-rank DDP: lr scaling, no_sync accumulation, DDP options, comm hooks, bf16 on CPU"
-from fastddp.launch import run_ranks
+from fastddp.testing import run_ranks
 
 TRAIN = '''
 from fastai.basics import *
 from fastai.distributed import *
-from fastddp.core import *
+from fastddp.core import *; from fastddp.testing import report
 from fastddp.train import *
 set_seed(0)
 x = torch.randn(64,8); y = x@torch.randn(8,1)
