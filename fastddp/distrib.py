@@ -59,12 +59,12 @@ def _broadcast(self:DistributedDL, t, rank):
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
         backend:str=None, # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
-        comm_hook:str=None, # DDP communication hook: 'fp16', 'bf16' (nccl only) or 'powersgd' (see `fastddp.train`)
+        comm_hook:str=None, # DDP communication hook: 'fp16', 'bf16' (nccl only) or 'powersgd' (see `fastddp.comm`)
         powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
         step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
-    from fastddp.train import ddp_kwargs, check_hook
+    from fastddp.comm import ddp_kwargs, check_hook
     store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss')
     be = check_backend(backend)
     check_hook(comm_hook, be)
@@ -122,9 +122,8 @@ def before_fit(self:DistributedTrainer):
     if rank_distrib(): self.learn.logger = noop
     if self.opt is not None: self.opt.set_to_none = True
     if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel):
-        from fastddp.train import register_hook, CountComm
+        from fastddp.comm import register_hook
         register_hook(self)
-        if not any(isinstance(o, CountComm) for o in self.learn.cbs): self.learn.add_cb(CountComm())
     if not self.step_loss:
         from fastddp.eval import EpochLoss
         if not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
