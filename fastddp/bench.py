@@ -83,7 +83,7 @@ def run_raw(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset, DistributedSampler
     ws,dev = world_size(),_device()
-    if ws>1: init_distrib()
+    if ws>1 and not torch.distributed.is_initialized(): init_distrib() # a process may run several modes (the tests do)
     ds = TensorDataset(*_data(bs*(steps+warmup), size, arch))
     dl = DataLoader(ds, batch_size=bs//ws, sampler=DistributedSampler(ds, seed=0) if ws>1 else None, shuffle=ws==1)
     m = _model(arch).to(dev)
