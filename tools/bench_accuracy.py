@@ -1,5 +1,5 @@
 "What the numerics-changing opt-ins cost in final accuracy: an example script on 2 CPU ranks, each opt-in beside exact DDP, same seeds, interleaved"
-import json, os, statistics, subprocess, sys, tempfile
+import json, os, shlex, statistics, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,19 +22,32 @@ def fmt(xs, f='.4f'): return f"{statistics.median(xs):{f}} ({min(xs):{f}} to {ma
 
 def acc(r): return r['metrics']['accuracy'] if 'accuracy' in r['metrics'] else 1-r['metrics']['error_rate']
 
-def main(case='tabular', seeds=5, opts=tuple(OPTS)):
+def main(case='tabular', seeds=5, opts=tuple(OPTS), save=None):
     with tempfile.TemporaryDirectory() as d:
         res = {o:[] for o in opts}
         for s in range(seeds): # interleaved: every opt-in once per seed, so drifts in the machine's speed hit them all
             for o in opts: res[o].append(run(case, o, s, d))
-    print(f"{case}_ddp.py {' '.join(CASES[case])}, 2 gloo ranks, seeds 0-{seeds-1}: median (min to max); differences and ratios are paired by seed\n")
-    print("| opt-in | accuracy | accuracy - exact | valid loss | speed vs exact (s/epoch ratio) |\n|---|---|---|---|---|")
+    title = f"{case}_ddp.py {' '.join(CASES[case])}, 2 gloo ranks, seeds 0-{seeds-1}: median (min to max); differences and ratios are paired by seed"
+    t = table(res)
+    print(title+'\n'); print(t)
+    if save:
+        from fastddp.bench import save_result
+        save_result(save, 'accuracy', title, 'python tools/bench_accuracy.py '+shlex.join(sys.argv[1:]), t, metrics=res)
+
+def table(res):
+    "Markdown: accuracy of each opt-in, its difference from exact DDP and its speed, paired by seed"
+    ls = ["| opt-in | accuracy | accuracy - exact | valid loss | speed vs exact (s/epoch ratio) |", "|---|---|---|---|---|"]
     ex = res['exact']
     for o,rs in res.items():
         acs = [acc(r) for r in rs]
         da = [a-acc(e) for a,e in zip(acs, ex)]
         sp = [e['sec_per_epoch']/r['sec_per_epoch'] for r,e in zip(rs, ex)]
-        print(f"| {o} | {fmt(acs)} | {fmt(da, '+.4f')} | {fmt([r['valid_loss'] for r in rs])} | {fmt(sp, '.2f')} |", flush=True)
+        ls.append(f"| {o} | {fmt(acs)} | {fmt(da, '+.4f')} | {fmt([r['valid_loss'] for r in rs])} | {fmt(sp, '.2f')} |")
+    return '\n'.join(ls)
 
-# python tools/bench_accuracy.py [case [seeds [opt-in ...]]]: exact DDP always runs
-if __name__=='__main__': main(sys.argv[1] if len(sys.argv)>1 else 'tabular', int(sys.argv[2]) if len(sys.argv)>2 else 5, ('exact', *sys.argv[3:]) if len(sys.argv)>3 else tuple(OPTS))
+# python tools/bench_accuracy.py [case [seeds [opt-in ...]]] [--save FILE.json]: exact DDP always runs
+if __name__=='__main__':
+    a = sys.argv[1:]
+    save = a[a.index('--save')+1] if '--save' in a else None
+    if save: i = a.index('--save'); a = a[:i]+a[i+2:]
+    main(a[0] if a else 'tabular', int(a[1]) if len(a)>1 else 5, ('exact', *a[2:]) if len(a)>2 else tuple(OPTS), save)

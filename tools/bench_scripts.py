@@ -1,5 +1,5 @@
 "Seconds per epoch of each example script on its generated dataset: 1 process vs 2 CPU ranks, interleaved, paired ratios"
-import json, os, statistics, subprocess, sys, tempfile
+import json, os, shlex, statistics, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,14 +14,32 @@ def run(name, n, d):
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, 'FASTDDP_DATA': str(Path(d)/'data'), 'OMP_NUM_THREADS': '1'})
     return json.loads((out/'metrics.json').read_text())['sec_per_epoch']
 
-def main(reps=5, names=tuple(CASES)):
-    print(f"| script | s/epoch, 1 process (median) | s/epoch, 2 ranks (median) | 1 process / 2 ranks (median of {reps} pairs) | spread |\n|---|---|---|---|---|")
+def table(res):
+    "Markdown: each script's seconds per epoch on 1 process and on 2 ranks, and their paired ratio"
+    ls = ["| script | s/epoch, 1 process (median) | s/epoch, 2 ranks (median) | 1 process / 2 ranks (median of pairs) | spread |", "|---|---|---|---|---|"]
+    for nm,(r1,r2) in res.items():
+        rs = [a/b for a,b in zip(r1, r2)]
+        ls.append(f"| {nm} | {statistics.median(r1):.2f} | {statistics.median(r2):.2f} | {statistics.median(rs):.2f} | {min(rs):.2f}-{max(rs):.2f} |")
+    return '\n'.join(ls)
+
+def main(reps=5, names=tuple(CASES), save=None):
+    res = {}
     with tempfile.TemporaryDirectory() as d:
         for nm in names:
             run(nm, 1, d) # generate the data once, untimed
             r1,r2 = [],[]
             for _ in range(reps): r1.append(run(nm, 1, d)); r2.append(run(nm, 2, d))
-            rs = [a/b for a,b in zip(r1, r2)]
-            print(f"| {nm} | {statistics.median(r1):.2f} | {statistics.median(r2):.2f} | {statistics.median(rs):.2f} | {min(rs):.2f}-{max(rs):.2f} |", flush=True)
+            res[nm] = (r1, r2)
+            print(table({nm: res[nm]}).splitlines()[-1], flush=True)
+    title = f"seconds per epoch of the example scripts on generated data, 1 process vs 2 CPU ranks (fastddp-launch), {reps} interleaved pairs, 1 thread per process"
+    print(title); print(table(res))
+    if save:
+        from fastddp.bench import save_result
+        save_result(save, 'scripts', title, 'python tools/bench_scripts.py '+shlex.join(sys.argv[1:]), table(res), sec_per_epoch=res, cases=CASES)
 
-if __name__=='__main__': main(int(sys.argv[1]) if len(sys.argv)>1 else 5, tuple(sys.argv[2:]) or tuple(CASES))
+# python tools/bench_scripts.py [reps [script ...]] [--save FILE.json]
+if __name__=='__main__':
+    a = sys.argv[1:]
+    save = a[a.index('--save')+1] if '--save' in a else None
+    if save: i = a.index('--save'); a = a[:i]+a[i+2:]
+    main(int(a[0]) if a else 5, tuple(a[1:]) or tuple(CASES), save)

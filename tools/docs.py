@@ -202,9 +202,9 @@ def _offline_docs(n_workers=None):
     refresh_quarto_yml() # nbs/nbdev.yml from pyproject.toml, as `nbdev-docs` does (it writes only when it differs)
     proc = proc_nbs(nbs, n_workers=os.cpu_count() if n_workers is None else n_workers)
     items = sidebar_items(nbs)
-    srcs = [p for p in pages(items) if (proc/p).exists()]
-    for p in pages(items):
-        if p not in srcs: print(f"docs: {p} is in nbs/sidebar.yml but not in nbs/: skipped", file=sys.stderr)
+    srcs = pages(items)
+    gone = [p for p in srcs if not (proc/p).exists()]
+    if gone: sys.exit(f"docs: nbs/sidebar.yml names {', '.join(gone)}, which nbs/ does not have: fix the sidebar")
     listed = set(srcs)
     for f in sorted(proc.rglob('*.ipynb')):
         p = f.relative_to(proc).as_posix()

@@ -1,0 +1,102 @@
+"The bench's multi-rank modes on a tiny workload: sane figures, and the modes differ as they must; `--save` and the benchmarks page"
+import json, math, os, subprocess, sys
+from pathlib import Path
+import pytest
+from fastddp.bench import modes, ratios, table, _model
+from fastddp.testing import run_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+KW = dict(arch='tabular', size=8, bs=8, steps=3, warmup=1) # 4 training batches per run
+MODES = ['raw','nosync','ddp','pytorch','steploss','acc2','fp16','powersgd','timecost','bucket_view','static_graph','one_bucket','bucket_5mb']
+
+# Every mode in ONE pair of processes (the bench itself starts fresh processes per run; here the start-up would dominate)
+_code = f'''
+import torch
+from fastddp.bench import modes
+from fastddp.testing import report
+torch.set_num_threads(1)
+out = {{}}
+for m in {MODES!r}:
+    f,o = modes[m]
+    out[m] = f(**{KW!r}, **o)
+report(out=out)
+'''
+
+@pytest.fixture(scope='module')
+def did():
+    "What each mode did on 2 ranks, rank 0's view"
+    rs = run_ranks(_code, n=2, env={'OMP_NUM_THREADS': '1'}, timeout=600)
+    assert [sorted(r['out']) for r in rs]==[sorted(MODES)]*2
+    return rs[0]['out']
+
+def test_modes_sane(did):
+    for m,o in did.items(): assert o['samples_per_s']>0 and math.isfinite(o['samples_per_s']), (m, o)
+
+def test_modes_differ(did):
+    n = 4*sum(p.numel() for p in _model('tabular').parameters()) # float32 gradients: what an exact all-reduce sends
+    for m in ('raw','ddp','pytorch','steploss','timecost','bucket_view','static_graph','one_bucket','bucket_5mb'):
+        assert (did[m]['syncs'], did[m]['bytes_per_sync'])==(4, n), (m, did[m])
+    assert (did['nosync']['syncs'], did['nosync']['bytes_per_sync'])==(0, 0) # no_sync on every step: nothing sent
+    assert did['acc2']['syncs']==2 and did['acc2']['bytes_per_sync']==n    # half as many synchronisations
+    assert did['fp16']['syncs']==4 and did['fp16']['bytes_per_sync']==n/2  # the same syncs, half the bytes
+    assert did['powersgd']['syncs']==4 and did['powersgd']['bytes_per_sync']<n # plain for 2 steps, then low-rank factors
+
+def test_ddp_options_reach_ddp(did):
+    mib = 2**20
+    opts = {m:did[m]['ddp'] for m in did}
+    assert opts['ddp']==dict(bucket_bytes_cap=1024*mib, static_graph=False, gradient_as_bucket_view=False) # fastddp's one bucket on gloo
+    assert opts['pytorch']==opts['raw']==dict(bucket_bytes_cap=25*mib, static_graph=False, gradient_as_bucket_view=False) # torch's defaults
+    assert opts['bucket_view']['gradient_as_bucket_view'] and not opts['ddp']['gradient_as_bucket_view']
+    assert opts['static_graph']['static_graph']
+    assert opts['one_bucket']['bucket_bytes_cap']==1024*mib and opts['bucket_5mb']['bucket_bytes_cap']==5*mib
+
+def test_timecost_phases(did):
+    ph = did['timecost']['phases']
+    assert ph and all(v>=0 and math.isfinite(v) for v in ph.values()) and ph['forward']>0 and ph['backward']>0, ph
+    assert 'phases' not in did['ddp']
+
+def _bench(*args, timeout=600):
+    p = subprocess.run([sys.executable, '-m', 'fastddp.bench', *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert p.returncode==0, p.stdout[-2000:]+p.stderr[-3000:]
+    return p.stdout
+
+@pytest.fixture(scope='module')
+def results(tmp_path_factory):
+    "A tiny bench run and a launcher run, saved as the page's commands save them"
+    d = tmp_path_factory.mktemp('bench_results')
+    _bench('--model', 'tabular', '--bs', '8', '--steps', '2', '--warmup', '1', '--reps', '1', '--modes', 'raw,ddp',
+           '--world-sizes', '2', '--png', '', '--save', str(d/'01_tiny.json'))
+    _bench('--launch', '--reps', '1', '--save', str(d/'02_launch.json'))
+    return d
+
+def test_saved_result(results):
+    r = json.loads((results/'01_tiny.json').read_text())
+    assert r['kind']=='bench' and r['command'].startswith('python -m fastddp.bench --model tabular') and r['machine']['cores']>0 and r['date']
+    assert sorted(r['samples_per_s'])==['ddp@2','raw@2'] and r['phases']['ddp@2']['forward']>0 # TimeCost on by default
+    md,lo,hi,_ = ratios(r['samples_per_s'])['ddp@2 / raw@2 (vs hand-written DDP)']
+    assert md>0 and math.isfinite(md) and lo<=md<=hi
+    t = table(r)
+    assert '| raw@2 |' in t and '| ddp@2 / raw@2 (vs hand-written DDP) |' in t and '| forward |' in t and 'synchronised steps' in t
+    l = json.loads((results/'02_launch.json').read_text())
+    assert l['kind']=='launch' and all(len(v)==1 and v[0]>0 for v in l['seconds'].values()) and 'torchrun' in l['table']
+
+def _page(results, tmp_path):
+    readme = tmp_path/'README.md'
+    readme.write_text("# x\n<!-- bench:start -->\nold\n<!-- bench:end -->\nrest\n")
+    out = tmp_path/'benchmarks.ipynb'
+    p = subprocess.run([sys.executable, 'tools/bench_page.py', str(results), str(out), str(readme)], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode==0, p.stderr
+    return ''.join(''.join(c['source']) for c in json.loads(out.read_text())['cells']), readme.read_text()
+
+def test_page(results, tmp_path):
+    page,readme = _page(results, tmp_path)
+    r = json.loads((results/'01_tiny.json').read_text())
+    assert r['command'] in page and r['date'] in page and r['machine']['cpu'] in page and table(r) in page
+    assert 'fastddp-launch / torchrun' in page and 'No results yet' not in page
+    assert 'old' not in readme and '| ddp@2 / raw@2 (vs hand-written DDP) |' in readme and readme.endswith('<!-- bench:end -->\nrest\n')
+
+def test_page_empty(tmp_path):
+    (tmp_path/'none').mkdir()
+    page,readme = _page(tmp_path/'none', tmp_path)
+    assert 'No results yet' in page and 'python -m fastddp.bench --modes single,dp,raw,ddp' in page and 'No benchmark results yet' in readme
