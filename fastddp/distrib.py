@@ -157,9 +157,9 @@ ftc.maybe_gather = maybe_gather
 # %% ../nbs/03_distrib.ipynb #5c315e5d
 @patch
 @delegates(DistributedTrainer.__init__)
-def to_distributed(self:Learner, sync_bn:bool=None, **kwargs):
+def to_distributed(self:Learner, **kwargs):
     "Add a `DistributedTrainer` to train data-parallel"
-    self.add_cb(DistributedTrainer(sync_bn, **kwargs))
+    self.add_cb(DistributedTrainer(**kwargs))
     _active.append(self)
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
@@ -179,10 +179,11 @@ def detach_distributed(self:Learner):
 @patch
 @contextmanager
 @delegates(DistributedTrainer.__init__)
-def distrib_ctx(self:Learner, sync_bn:bool=None,
-        in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
-        backend:str=None, **kwargs):
+def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
+        **kwargs):
     "Train data-parallel inside the context when a launcher started this process; as one process otherwise"
+    # `sync_bn`'s doc comes from `DistributedTrainer` (docments reads the comment of the last name on a line)
+    backend = kwargs.get('backend')
     check_backend(backend)
     cleanup = False
     try:
@@ -190,7 +191,7 @@ def distrib_ctx(self:Learner, sync_bn:bool=None,
             setup_distrib(backend=backend)
             cleanup = dist.is_initialized()
             rank0_print("Training Learner...")
-        if num_distrib(): self.to_distributed(sync_bn, backend=backend, **kwargs)
+        if num_distrib(): self.to_distributed(sync_bn=sync_bn, **kwargs)
         yield self
     except RuntimeError as e:
         # DDP's own message is a paragraph; the one thing to do is to pass the option through `distrib_ctx`
