@@ -14,9 +14,15 @@ from torch import nn
 from fastai.basics import *
 from fastai.distributed import *
 import fastai.distributed as fd
+from fastai.distributed import ParallelTrainer
 from fastai.callback.progress import ProgressCallback
+from fastai.optimizer import Optimizer
 from accelerate import Accelerator
-from .core import *; from fastddp.testing import report
+from .core import *
+from .comm import check_hook, ddp_kwargs, register_hook
+from .eval import ExactDL, reduce_metrics
+from .epoch_loss import EpochLoss
+import fastddp.rank_safe
 
 # %% ../nbs/03_distrib.ipynb #2db502d6
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
@@ -56,6 +62,7 @@ def _broadcast(self:DistributedDL, t, rank):
 
 # %% ../nbs/03_distrib.ipynb #9247161a
 @patch
+@delegates(Accelerator, but=fd._hidden_params, keep=True)
 def __init__(self:DistributedTrainer,
         sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
         backend:str=None, # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
@@ -64,17 +71,15 @@ def __init__(self:DistributedTrainer,
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
         step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
-    from fastddp.comm import ddp_kwargs, check_hook
     store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss')
     be = check_backend(backend)
     check_hook(comm_hook, be)
     setup_distrib(backend=be)
     if be=='gloo':
         kwargs.setdefault('cpu', True)
-        # One bucket: on CPU the all-reduce and backward share the same cores, so overlapping them in 25 MB buckets
-        # gains nothing; all-reducing once after backward was 1.03x faster (`python -m fastddp.bench --modes ddp,pytorch`,
-        # resnet18, 2 ranks, 5 paired runs on a quiet machine, spread 0.99-1.05). torch 2.14's PowerSGD hook also needs it on gloo:
-        # with several buckets the ranks issued its all-reduces in different orders ("Received data size doesn't match")
+        # One bucket: on CPU the all-reduce and backward share the cores, so overlapping them in 25 MB buckets gains
+        # nothing (figures: benchmarks.html, `--modes ddp,pytorch`). torch's PowerSGD hook also needs one bucket on gloo:
+        # with several, the ranks issued its all-reduces in different orders ("Received data size doesn't match")
         kwargs.setdefault('bucket_cap_mb', 1024)
     self.accelerator = Accelerator(**ddp_kwargs(kwargs))
 
@@ -91,8 +96,6 @@ def _use_sync_bn(self:DistributedTrainer):
     return world_size()>1 if self.sync_bn is None else self.sync_bn
 
 # %% ../nbs/03_distrib.ipynb #cd43041e
-from fastai.optimizer import Optimizer
-
 @patch
 def zero_grad(self:Optimizer):
     "Zero the gradients, or drop them when `set_to_none` (the next backward then writes them instead of adding)"
@@ -102,12 +105,9 @@ def zero_grad(self:Optimizer):
 
 # %% ../nbs/03_distrib.ipynb #f25f86fd
 @patch
-def _wrap_dl(self:DistributedTrainer, dl, exact=False):
-    "Shard `dl` across ranks, its batches on this rank's device; `exact`: unpadded, for validation"
-    if isinstance(dl, DistributedDL): return dl
-    res = DistributedDL(dl, device=self.accelerator.device)
-    res.exact = exact
-    return res
+def _wrap_dl(self:DistributedTrainer, dl, cls=DistributedDL):
+    "Shard `dl` across ranks with `cls`, its batches on this rank's device"
+    return dl if isinstance(dl, DistributedDL) else cls(dl, device=self.accelerator.device)
 
 # %% ../nbs/03_distrib.ipynb #446a20c6
 @patch
@@ -118,35 +118,28 @@ def before_fit(self:DistributedTrainer):
         except Exception as e: raise DistribError(f"sync_bn: this model's BatchNorm layers cannot become SyncBatchNorm ({type(e).__name__}: {e}); pass sync_bn=False to distrib_ctx") from e
     self.learn.model = self.accelerator.prepare(m)
     self.old_dls = list(self.dls)
-    self.learn.dls.loaders = [self._wrap_dl(dl, exact=i>0) for i,dl in enumerate(self.dls)]
+    self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
     if rank_distrib(): self.learn.logger = noop
     if self.opt is not None: self.opt.set_to_none = True
-    if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel):
-        from fastddp.comm import register_hook
-        register_hook(self)
-    if not self.step_loss:
-        from fastddp.eval import EpochLoss
-        if not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
+    if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel): register_hook(self)
+    if not self.step_loss and not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
 
 # %% ../nbs/03_distrib.ipynb #807534fb
 @patch
 def after_fit(self:DistributedTrainer):
     self.learn.model,self.learn.dls.loaders = self.learn.model.module,self.old_dls
-    from fastddp.eval import EpochLoss
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
-    self.learn._epoch_losses = None # in case an epoch ended without `after_train`
     if self.opt is not None: self.opt.set_to_none = False
 
 # %% ../nbs/03_distrib.ipynb #99738b59
 @patch
 def before_validate(self:DistributedTrainer):
-    self.learn.dl = self._wrap_dl(self.learn.dl, exact=True)
+    self.learn.dl = self._wrap_dl(self.learn.dl, ExactDL)
     self.learn.model.to(self.accelerator.device) # `validate`/`get_preds` outside `fit` have not been through `before_fit`
 
 @patch
 def after_validate(self:DistributedTrainer):
     "Combine the ranks' metrics once, before `Recorder` (order 50) reads them"
-    from fastddp.eval import reduce_metrics
     rec = getattr(self.learn, 'recorder', None)
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
@@ -163,12 +156,10 @@ ftc.maybe_gather = maybe_gather
 
 # %% ../nbs/03_distrib.ipynb #5c315e5d
 @patch
-def to_distributed(self:Learner,
-        sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
-        backend:str=None, # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
-        **kwargs): # passed to `Accelerator`
+@delegates(DistributedTrainer.__init__)
+def to_distributed(self:Learner, **kwargs):
     "Add a `DistributedTrainer` to train data-parallel"
-    self.add_cb(DistributedTrainer(sync_bn, backend=backend, **kwargs))
+    self.add_cb(DistributedTrainer(**kwargs))
     _active.append(self)
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
@@ -187,12 +178,12 @@ def detach_distributed(self:Learner):
 # %% ../nbs/03_distrib.ipynb #2fd1f94f
 @patch
 @contextmanager
-def distrib_ctx(self:Learner,
-        sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
-        in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
-        backend:str=None, # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
-        **kwargs): # passed to `Accelerator`
+@delegates(DistributedTrainer.__init__)
+def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
+        **kwargs):
     "Train data-parallel inside the context when a launcher started this process; as one process otherwise"
+    # `sync_bn`'s doc comes from `DistributedTrainer` (docments reads the comment of the last name on a line)
+    backend = kwargs.get('backend')
     check_backend(backend)
     cleanup = False
     try:
@@ -200,7 +191,7 @@ def distrib_ctx(self:Learner,
             setup_distrib(backend=backend)
             cleanup = dist.is_initialized()
             rank0_print("Training Learner...")
-        if num_distrib(): self.to_distributed(sync_bn, backend=backend, **kwargs)
+        if num_distrib(): self.to_distributed(sync_bn=sync_bn, **kwargs)
         yield self
     except RuntimeError as e:
         # DDP's own message is a paragraph; the one thing to do is to pass the option through `distrib_ctx`
@@ -212,3 +203,10 @@ def distrib_ctx(self:Learner,
 
 # %% ../nbs/03_distrib.ipynb #f9b7c4a3
 for _o in (setup_distrib, teardown_distrib, rank0_first): setattr(fd, _o.__name__, _o) # `from fastai.distributed import *` gets ours
+
+# %% ../nbs/03_distrib.ipynb #d99f3a5f
+_pt_before_fit = ParallelTrainer.before_fit
+@patch
+def before_fit(self:ParallelTrainer):
+    if not torch.cuda.is_available(): warn_once("DataParallel without a GPU is a pass-through: the model trains as one process")
+    _pt_before_fit(self)
