@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/precision.html.md"""
 # %% auto #0
 __all__ = ['max_ratio', 'probe', 'cache_file', 'cpu_key', 'half_ratio', 'cpu_half', 'amp_dtype', 'report_cpu']
 
-# %% ../nbs/02e_precision.ipynb #bbd6792a
+# %% ../nbs/02e_precision.ipynb #3d78736c
 import os, sys, json, time, platform, tempfile, torch, torch.distributed as dist, torch.nn.functional as F
 from pathlib import Path
 from fastcore.basics import patch
@@ -15,26 +15,29 @@ from fastcore.foundation import L
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from .core import *
 
-# %% ../nbs/02e_precision.ipynb #e0d77bc0
+# %% ../nbs/02e_precision.ipynb #0316f8e2
 def _step(x, w, m, dt):
     with torch.autocast('cpu', dtype=dt or torch.bfloat16, enabled=dt is not None):
         l = (F.conv2d(x, w, padding=1).relu().flatten(1) @ m).float().sum()
     l.backward()
 
 def probe(dt:torch.dtype, # torch.float16 or torch.bfloat16
-          n:int=3): # timed repeats; the best counts
+          n:int=5): # timed repeats; the best counts
     "How many times float32's time a small conv+matmul step takes under CPU autocast in `dt`"
     g = torch.Generator().manual_seed(0)
     x,w,m = torch.randn(8,16,16,16, generator=g),torch.randn(32,16,3,3, generator=g),torch.randn(32*16*16, 64, generator=g)
     w.requires_grad_(); m.requires_grad_()
-    ts = {None: [], dt: []}
-    for i in range(n+1):
-        for d in ts:
-            t0 = time.perf_counter(); _step(x, w, m, d); t = time.perf_counter()-t0
-            if i: ts[d].append(t) # the first round warms up
+    ts,nt = {None: [], dt: []},torch.get_num_threads()
+    torch.set_num_threads(1) # the ratio is per core, and threads contending for a busy machine's cores turn timings into noise
+    try:
+        for i in range(n+2):
+            for d in ts:
+                t0 = time.perf_counter(); _step(x, w, m, d); t = time.perf_counter()-t0
+                if i>1: ts[d].append(t) # two rounds warm up (oneDNN builds its kernels on first use)
+    finally: torch.set_num_threads(nt)
     return min(ts[dt])/min(ts[None])
 
-# %% ../nbs/02e_precision.ipynb #01d917ed
+# %% ../nbs/02e_precision.ipynb #d23910f2
 def cache_file():
     "Where the probe's results are kept: `$FASTDDP_CACHE/precision.json`, `~/.cache/fastddp` by default"
     return Path(os.environ.get('FASTDDP_CACHE') or Path.home()/'.cache'/'fastddp')/'precision.json'
@@ -70,7 +73,7 @@ def half_ratio(dt:torch.dtype): # torch.float16 or torch.bfloat16
     _write(p, c)
     return c[k][d]
 
-# %% ../nbs/02e_precision.ipynb #b04c26a2
+# %% ../nbs/02e_precision.ipynb #98809bbc
 max_ratio = 1.2 # the probe's ops are the convs and matmuls that dominate a step, so a step costs about the probe's ratio
 
 def cpu_half(dt:torch.dtype): # torch.float16 or torch.bfloat16
@@ -83,7 +86,7 @@ def cpu_half(dt:torch.dtype): # torch.float16 or torch.bfloat16
     warn_once(f"this CPU has no fast {d} (autocast measured {r:.1f}x slower than float32): training in float32; FASTDDP_CPU_HALF=1 forces {d}; see fastddp-doctor")
     return False
 
-# %% ../nbs/02e_precision.ipynb #8825a555
+# %% ../nbs/02e_precision.ipynb #1049e9b5
 def _rank0s(on):
     if not (dist.is_available() and dist.is_initialized()): return on
     t = torch.tensor([float(on)])
@@ -101,14 +104,15 @@ def before_fit(self:MixedPrecision):
     self.autocast,self.learn.scaler,self.scales = torch.autocast(dev, dtype=dt, enabled=on),torch.amp.GradScaler(dev, **self.kwargs),L()
 
 def amp_dtype(learn):
-    "'float16', 'bfloat16' or 'float32': what `learn`'s last fit computed its forward in"
+    "'float16', 'bfloat16' or 'float32': what `learn`'s last fit computed its forward in (None: `MixedPrecision` has not fit yet)"
     cb = next((o for o in learn.cbs if isinstance(o, MixedPrecision)), None)
-    return str(getattr(cb, 'dtype', torch.float32)).split('.')[-1]
+    if cb is None: return 'float32'
+    return str(cb.dtype).split('.')[-1] if hasattr(cb, 'dtype') else None
 
-# %% ../nbs/02e_precision.ipynb #cabdea5e
+# %% ../nbs/02e_precision.ipynb #78d37fb3
 def report_cpu():
     "The probe's ratios for float16 and bfloat16 on this CPU, the threshold, and `FASTDDP_CPU_HALF`"
     return dict(cpu=cpu_key(), float16=half_ratio(torch.float16), bfloat16=half_ratio(torch.bfloat16), max_ratio=max_ratio, force=os.environ.get('FASTDDP_CPU_HALF'))
 
-# %% ../nbs/02e_precision.ipynb #5faf98a1
+# %% ../nbs/02e_precision.ipynb #a3352b20
 if __name__=='__main__': print(json.dumps(report_cpu()))
