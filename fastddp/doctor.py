@@ -101,7 +101,7 @@ def half_precision():
 
 def precision_check(h:dict): # from `half_precision`
     "Does `to_fp16()`/`to_bf16()` compute in half precision here, and is that fast?"
-    nm = 'half precision'
+    nm = 'precision'
     if h['gpu']: return chk(nm, "GPU: float16 and bfloat16") if h['bf16'] else chk(nm, "GPU: float16 only", False, "use learn.to_fp16(): to_bf16() stops with 'Unsupported GPU' on this GPU", warn=True)
     if 'error' in h: return chk(nm, f"the CPU probe failed: {h['error']}", False, "run `python -m fastddp.precision` to see why", warn=True)
     ds = ('float16','bfloat16')

@@ -95,3 +95,20 @@ def test_fp16_step_cost(slow_cpu):
     med = {k: sorted(v)[len(v)//2] for k,v in r.items()}
     print({k: f"{v:.3f} s" for k,v in med.items()}, {k: f"{med[k]/med['fp32']:.2f}x" for k in ('fp16','bf16')})
     for k in ('fp16', 'bf16'): assert med[k]<=1.5*med['fp32'], med
+
+SCRIPT = '''
+import sys, runpy
+import fastddp.train, fastddp.precision # until train drops its older MixedPrecision patch (moved to precision), precision's must come last
+sys.argv[0] = {p!r}
+runpy.run_path({p!r}, run_name='__main__')
+'''
+
+@pytest.mark.parametrize('force', [None, '1'])
+def test_script_fp16(slow_cpu, tmp_path, force):
+    "The scripts' --fp16 (bfloat16 on CPU) shows in metrics.json what it computed in: float32 where the probe finds it slow, bfloat16 when forced"
+    from conftest import ROOT
+    p = str(ROOT/'scripts'/'tabular_ddp.py')
+    env = _env(slow_cpu, FASTDDP_DATA=str(tmp_path/'data'), **({'FASTDDP_CPU_HALF': force} if force else {}))
+    rs = run_ranks(SCRIPT.format(p=p), n=1, launcher='python', args=['--synthetic', '200', '--fp16', '--out', tmp_path/'o'], env=env)
+    assert json.loads((tmp_path/'o'/'metrics.json').read_text())['precision']==('bfloat16' if force else 'float32')
+    assert rs.out.count(_line('bfloat16'))==(0 if force else 1), rs.out[-2000:]
