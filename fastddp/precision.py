@@ -7,15 +7,15 @@ Docs: https://fastddp.github.io/fastddp/precision.html.md"""
 # %% auto #0
 __all__ = ['max_ratio', 'probe', 'cache_file', 'cpu_key', 'half_ratio', 'cpu_half', 'amp_dtype', 'report_cpu']
 
-# %% ../nbs/02e_precision.ipynb #e102dddb
-import os, sys, json, time, platform, tempfile, torch, torch.distributed as dist, torch.nn.functional as F
+# %% ../nbs/02e_precision.ipynb #903757c1
+import os, json, time, platform, tempfile, torch, torch.distributed as dist, torch.nn.functional as F
 from pathlib import Path
 from fastcore.basics import patch
 from fastcore.foundation import L
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from .core import *
 
-# %% ../nbs/02e_precision.ipynb #0de6c64a
+# %% ../nbs/02e_precision.ipynb #263fcf0a
 def _step(x, w, m, dt):
     with torch.autocast('cpu', dtype=dt or torch.bfloat16, enabled=dt is not None):
         l = (F.conv2d(x, w, padding=1).relu().flatten(1) @ m).float().sum()
@@ -37,7 +37,7 @@ def probe(dt:torch.dtype, # torch.float16 or torch.bfloat16
     finally: torch.set_num_threads(nt)
     return min(ts[dt])/min(ts[None])
 
-# %% ../nbs/02e_precision.ipynb #947669a8
+# %% ../nbs/02e_precision.ipynb #f196a188
 def cache_file():
     "Where the probe's results are kept: `$FASTDDP_CACHE/precision.json`, `~/.cache/fastddp` by default"
     return Path(os.environ.get('FASTDDP_CACHE') or Path.home()/'.cache'/'fastddp')/'precision.json'
@@ -73,7 +73,7 @@ def half_ratio(dt:torch.dtype): # torch.float16 or torch.bfloat16
     _write(p, c)
     return c[k][d]
 
-# %% ../nbs/02e_precision.ipynb #df4643fb
+# %% ../nbs/02e_precision.ipynb #f09cc496
 max_ratio = 1.2 # the probe's ops are the convs and matmuls that dominate a step, so a step costs about the probe's ratio
 
 def cpu_half(dt:torch.dtype): # torch.float16 or torch.bfloat16
@@ -86,7 +86,7 @@ def cpu_half(dt:torch.dtype): # torch.float16 or torch.bfloat16
     warn_once(f"this CPU has no fast {d} (autocast measured {r:.1f}x slower than float32): training in float32; FASTDDP_CPU_HALF=1 forces {d}; see fastddp-doctor")
     return False
 
-# %% ../nbs/02e_precision.ipynb #2db0c03c
+# %% ../nbs/02e_precision.ipynb #287be428
 def _rank0s(f):
     "`f()` on rank 0, and rank 0's answer on every rank of a running process group"
     if not (dist.is_available() and dist.is_initialized()): return f()
@@ -110,10 +110,10 @@ def amp_dtype(learn):
     if cb is None: return 'float32'
     return str(cb.dtype).split('.')[-1] if hasattr(cb, 'dtype') else None
 
-# %% ../nbs/02e_precision.ipynb #41e923b2
+# %% ../nbs/02e_precision.ipynb #59db311c
 def report_cpu():
     "The probe's ratios for float16 and bfloat16 on this CPU, the threshold, and `FASTDDP_CPU_HALF`"
     return dict(cpu=cpu_key(), float16=half_ratio(torch.float16), bfloat16=half_ratio(torch.bfloat16), max_ratio=max_ratio, force=os.environ.get('FASTDDP_CPU_HALF'))
 
-# %% ../nbs/02e_precision.ipynb #e0dc8bf5
+# %% ../nbs/02e_precision.ipynb #d065e447
 if __name__=='__main__': print(json.dumps(report_cpu()))

@@ -1,7 +1,7 @@
 "Mixed precision on the CPU: float32 with one line where the probe finds half precision slow, half where forced or fast, the probe cached, and the cost per step"
 import os, json, time, pytest, torch
 from fastddp.testing import run_ranks
-from fastddp.precision import half_ratio, max_ratio, cpu_key, cache_file
+from fastddp.precision import half_ratio, max_ratio, cpu_key
 
 FIT = '''
 import os, torch
@@ -52,7 +52,7 @@ def test_forced_half(tmp_path):
     r = run_ranks(FIT, n=1, launcher='python', env=_env(tmp_path, FASTDDP_CPU_HALF='1'))
     for d in ('float16', 'bfloat16'): assert r[0][d]=={'seen': [(d, True)], 'used': d}, (d, r[0][d])
     assert "has no fast" not in r.out
-    assert not cache_file().exists() or cache_file().parent!=tmp_path # forcing measures nothing
+    assert not (tmp_path/'precision.json').exists() # forcing measures nothing
 
 def test_cache_decides(tmp_path):
     "The probe's result is read back from the cache: a cached 'fast' trains in half precision; a corrupt cache is measured again, not fatal"
