@@ -6,15 +6,15 @@ Docs: https://fastddp.github.io/fastddp/doctor.html.md"""
 
 # %% auto #0
 __all__ = ['parse_size', 'fmt_size', 'chk', 'status', 'versions', 'packages_check', 'python_check', 'backends', 'backend_check',
-           'gpus', 'peer_access', 'topo', 'gpu_check', 'peer_check', 'dist_env', 'env_check', 'port_check', 'shm_check',
-           'cpu_check', 'checkup', 'render_bench', 'render', 'sweep', 'bus_bw', 'copy_bw', 'bench_rank', 'model_bytes',
-           'run_bench', 'doctor']
+           'half_precision', 'precision_check', 'gpus', 'peer_access', 'topo', 'gpu_check', 'peer_check', 'dist_env',
+           'env_check', 'port_check', 'shm_check', 'cpu_check', 'checkup', 'render_bench', 'render', 'sweep', 'bus_bw',
+           'copy_bw', 'bench_rank', 'model_bytes', 'run_bench', 'doctor']
 
 # %% ../nbs/06_doctor.ipynb #3abea462
 import os, sys, re, math, time, shutil, socket, subprocess, platform
 from importlib import metadata
 from pathlib import Path
-from json import dumps
+from json import dumps, loads
 from fastcore.script import call_parse
 from .core import *
 from .launch import port_free
@@ -88,6 +88,30 @@ def backend_check(b:dict): # from `backends`
     if b['default'] is None: return chk('backend', "torch.distributed is not built into this torch", False, "install a torch build from pytorch.org (Linux wheels have gloo and nccl)")
     if not b[b['default']]: return chk('backend', f"{b['default']} is not built into this torch", False, f"install a torch build with {b['default']} from pytorch.org")
     return chk('backend', f"{b['default']}")
+
+# %% ../nbs/06_doctor.ipynb #08de8034
+def half_precision():
+    "How half precision runs here: the GPU's bfloat16 support, or the CPU probe of `python -m fastddp.precision` (a subprocess: that module imports fastai)"
+    import torch
+    if has_cuda(): return dict(gpu=True, bf16=torch.cuda.is_bf16_supported())
+    try: p = subprocess.run([sys.executable, '-m', 'fastddp.precision'], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e: return dict(gpu=False, error=str(e))
+    try: return dict(gpu=False, **loads(p.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError): return dict(gpu=False, error=(p.stderr.strip().splitlines() or ['no output'])[-1])
+
+def precision_check(h:dict): # from `half_precision`
+    "Does `to_fp16()`/`to_bf16()` compute in half precision here, and is that fast?"
+    nm = 'precision'
+    if h['gpu']: return chk(nm, "GPU: float16 and bfloat16") if h['bf16'] else chk(nm, "GPU: float16 only", False, "use learn.to_fp16(): to_bf16() stops with 'Unsupported GPU' on this GPU", warn=True)
+    if 'error' in h: return chk(nm, f"the CPU probe failed: {h['error']}", False, "run `python -m fastddp.precision` to see why", warn=True)
+    ds = ('float16','bfloat16')
+    v = "CPU autocast takes "+', '.join(f"{d} {h[d]:.1f}x" for d in ds)+" float32's time"
+    slow = [d for d in ds if h[d]>h['max_ratio']]
+    if h['force']=='1' and slow: return chk(nm, v+"; FASTDDP_CPU_HALF=1 forces it", False, f"unset FASTDDP_CPU_HALF: {' and '.join(slow)} is emulated on this CPU", warn=True)
+    if h['force']=='0': return chk(nm, v+"; FASTDDP_CPU_HALF=0: float32")
+    if not slow: return chk(nm, v+": to_fp16()/to_bf16() use it")
+    return chk(nm, v+f": to_fp16()/to_bf16() train in float32 where it is slow ({', '.join(slow)})", False,
+               "nothing to change, fastddp falls back to float32; for fast half precision use a GPU or a CPU with AMX or AVX512-BF16/FP16 (FASTDDP_CPU_HALF=1 forces it)", warn=True)
 
 # %% ../nbs/06_doctor.ipynb #38a595e6
 def gpus():
@@ -196,7 +220,7 @@ def checkup(nproc:int=None, # ranks planned on this machine (None: one per GPU, 
     free = shutil.disk_usage('/dev/shm').free if os.path.isdir('/dev/shm') else None
     env = dict(vars=e, cpus=n, cpus_machine=n_all, nproc=nproc, workers=workers, shm_free=free)
     cs = [python_check(v['python']), packages_check(v), backend_check(b), gpu_check(gs, nproc), peer_check(pa), env_check(e), port_check(e),
-          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, workers)]
+          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, workers), precision_check(half_precision())]
     return dict(versions=v, backends=b, gpus=gs, peer=pa, topo=topo(), env=env, checks=cs, status=status(cs))
 
 # %% ../nbs/06_doctor.ipynb #4d128c30

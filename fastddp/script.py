@@ -12,6 +12,7 @@ import os, sys, json, time
 from pathlib import Path
 from fastai.callback.core import Callback
 from .core import *
+from .precision import amp_dtype
 from .data import make_pets, make_imdb_sample, make_imdb, make_adult, check_layout
 
 # %% ../nbs/08_script.ipynb #78e23618
@@ -74,10 +75,10 @@ def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
 
 # %% ../nbs/08_script.ipynb #8a0bf71c
 def run_ctx(learn, dp:bool=False, # DataParallel instead of DDP (only without a launcher)
-            fp16:bool=False, # mixed precision: float16 on GPU, bfloat16 on CPU
+            fp16:bool=False, # mixed precision: float16 on GPU, bfloat16 on a CPU that computes it natively (else float32: `fastddp.precision`)
             **kwargs): # passed to `distrib_ctx`
     "The context a script trains in: `distrib_ctx` (one process outside a launcher), or `parallel_ctx` with `dp`"
-    if fp16: learn.to_fp16() if has_cuda() else learn.to_bf16()
+    if fp16: learn.to_fp16() if has_cuda() else learn.to_bf16() # what was used goes into `summary`'s 'precision'
     return learn.parallel_ctx() if dp and not world_size()>1 else learn.distrib_ctx(**kwargs)
 
 # %% ../nbs/08_script.ipynb #3adbdf39
@@ -90,7 +91,7 @@ def summary(learn, task:str, epochs:int, secs:float, n_items:int):
     cs = getattr(learn, 'comm_stats', None) # filled under DDP with a communication hook or `TimeCost`
     return dict(task=task, world_size=world_size(), epochs=epochs, valid_loss=hist[-1]['valid_loss'],
                 metrics={k:hist[-1][k] for k in names[2:]}, sec_per_epoch=spe, samples_per_s=n_items/spe,
-                comm_mib=cs.bytes_per_sync/2**20 if cs is not None and cs.syncs else None, history=hist)
+                comm_mib=cs.bytes_per_sync/2**20 if cs is not None and cs.syncs else None, precision=amp_dtype(learn), history=hist)
 
 # %% ../nbs/08_script.ipynb #fc529898
 def finish(learn, task, epochs, secs, n_items, out=None):

@@ -1,0 +1,114 @@
+"Mixed precision on the CPU: float32 with one line where the probe finds half precision slow, half where forced or fast, the probe cached, and the cost per step"
+import os, json, time, pytest, torch
+from fastddp.testing import run_ranks
+from fastddp.precision import half_ratio, max_ratio, cpu_key
+
+FIT = '''
+import os, torch
+from fastai.basics import *
+from fastai.distributed import *
+import fastddp.train # until train drops its older MixedPrecision patch (moved to precision), precision's must come last
+import fastddp.precision as P
+from fastddp.testing import report
+class Seen(Callback):
+    order = 5 # before MixedPrecision (10) turns the predictions back into float32
+    def __init__(self): self.dts = set()
+    def after_pred(self): self.dts.add((str(self.pred.dtype).split('.')[-1], torch.is_autocast_enabled('cpu')))
+x = torch.randn(32,2); ds = list(zip(x, x@torch.ones(2,1)))
+out = {}
+for d in ('float16', 'bfloat16'):
+    l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:8], bs=8), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat(), cbs=Seen())
+    l = l.to_fp16() if d=='float16' else l.to_bf16()
+    for _ in range(2): # two fits: the line comes once
+        with l.distrib_ctx(): l.fit(1, 0.01)
+    out[d] = dict(seen=sorted(l.seen.dts), used=P.amp_dtype(l))
+report(**out)
+'''
+
+def _env(tmp, **kw):
+    e = {k:v for k,v in os.environ.items() if k!='FASTDDP_CPU_HALF'}
+    return {**e, 'FASTDDP_CACHE': str(tmp), **kw}
+
+def _line(d): return f"fastddp: this CPU has no fast {d} (autocast measured"
+
+@pytest.fixture
+def slow_cpu(tmp_path, monkeypatch):
+    "A cache directory holding this CPU's real probe; skips on a CPU that computes half precision fast"
+    monkeypatch.setenv('FASTDDP_CACHE', str(tmp_path))
+    rs = {d: half_ratio(getattr(torch, d)) for d in ('float16', 'bfloat16')}
+    if torch.cuda.is_available() or min(rs.values())<=max_ratio: pytest.skip(f"half precision is fast here: {rs}")
+    return tmp_path
+
+@pytest.mark.parametrize('n', [1, 2])
+def test_slow_cpu_trains_float32(slow_cpu, n):
+    "Where the probe finds half precision slow, to_fp16() and to_bf16() compute in float32 with autocast off, on every rank, and rank 0 says so once per dtype"
+    rs = run_ranks(FIT, n=n, env=_env(slow_cpu))
+    for r in rs:
+        for d in ('float16', 'bfloat16'): assert r[d]=={'seen': [('float32', False)], 'used': 'float32'}, (d, r[d])
+    for d in ('float16', 'bfloat16'): assert rs.out.count(_line(d))==1, rs.out[-2000:]
+
+def test_forced_half(tmp_path):
+    "FASTDDP_CPU_HALF=1: the forward runs in float16 / bfloat16 under a CPU autocast, with no line"
+    r = run_ranks(FIT, n=1, launcher='python', env=_env(tmp_path, FASTDDP_CPU_HALF='1'))
+    for d in ('float16', 'bfloat16'): assert r[0][d]=={'seen': [(d, True)], 'used': d}, (d, r[0][d])
+    assert "has no fast" not in r.out
+    assert not (tmp_path/'precision.json').exists() # forcing measures nothing
+
+def test_cache_decides(tmp_path):
+    "The probe's result is read back from the cache: a cached 'fast' trains in half precision; a corrupt cache is measured again, not fatal"
+    f = tmp_path/'precision.json'
+    f.write_text(json.dumps({cpu_key(): {'float16': 0.5, 'bfloat16': 0.7}}))
+    r = run_ranks(FIT, n=1, launcher='python', env=_env(tmp_path))
+    for d in ('float16', 'bfloat16'): assert r[0][d]['used']==d, r[0][d]
+    assert json.loads(f.read_text())=={cpu_key(): {'float16': 0.5, 'bfloat16': 0.7}} # read, not measured again
+    f.write_text('{"truncated": ')
+    r = run_ranks(FIT, n=1, launcher='python', env=_env(tmp_path))
+    rs = json.loads(f.read_text())[cpu_key()]
+    assert set(rs)=={'float16', 'bfloat16'} and all(v>0 for v in rs.values())
+    for d in ('float16', 'bfloat16'): assert r[0][d]['used']==(d if rs[d]<=max_ratio else 'float32')
+
+STEP = '''
+import time, torch
+from fastai.vision.all import *
+from fastai.distributed import *
+import fastddp.precision
+from fastddp.testing import report
+torch.set_num_threads(1)
+class StepTime(Callback):
+    def __init__(self): self.ts = []
+    def before_batch(self): self.t0 = time.perf_counter()
+    def after_step(self): self.ts.append(time.perf_counter()-self.t0)
+x = torch.randn(32*2, 3, 64, 64); ds = list(zip(x, torch.randint(0, 10, (len(x),))))
+def mk():
+    torch.manual_seed(0)
+    return Learner(DataLoaders(DataLoader(ds, bs=32), DataLoader(ds[:8], bs=32), device='cpu'), resnet18(num_classes=10), loss_func=CrossEntropyLossFlat(), cbs=StepTime())
+ls = dict(fp32=mk(), fp16=mk().to_fp16(), bf16=mk().to_bf16())
+for i in range(3): # paired: the runs alternate, so a busy machine slows each alike
+    for k,l in ls.items():
+        with l.no_logging(): l.fit(1, 1e-3)
+report(**{k: l.step_time.ts[2:] for k,l in ls.items()}) # the first fit warms up
+'''
+
+def test_fp16_step_cost(slow_cpu):
+    "On a CPU where half precision is slow, a resnet18 step (64 px, batch 32, one thread) with to_fp16()/to_bf16() costs at most 1.5x float32's"
+    r = run_ranks(STEP, n=1, launcher='python', env=_env(slow_cpu))[0]
+    med = {k: sorted(v)[len(v)//2] for k,v in r.items()}
+    print({k: f"{v:.3f} s" for k,v in med.items()}, {k: f"{med[k]/med['fp32']:.2f}x" for k in ('fp16','bf16')})
+    for k in ('fp16', 'bf16'): assert med[k]<=1.5*med['fp32'], med
+
+SCRIPT = '''
+import sys, runpy
+import fastddp.train, fastddp.precision # until train drops its older MixedPrecision patch (moved to precision), precision's must come last
+sys.argv[0] = {p!r}
+runpy.run_path({p!r}, run_name='__main__')
+'''
+
+@pytest.mark.parametrize('force', [None, '1'])
+def test_script_fp16(slow_cpu, tmp_path, force):
+    "The scripts' --fp16 (bfloat16 on CPU) shows in metrics.json what it computed in: float32 where the probe finds it slow, bfloat16 when forced"
+    from conftest import ROOT
+    p = str(ROOT/'scripts'/'tabular_ddp.py')
+    env = _env(slow_cpu, FASTDDP_DATA=str(tmp_path/'data'), **({'FASTDDP_CPU_HALF': force} if force else {}))
+    rs = run_ranks(SCRIPT.format(p=p), n=1, launcher='python', args=['--synthetic', '200', '--fp16', '--out', tmp_path/'o'], env=env)
+    assert json.loads((tmp_path/'o'/'metrics.json').read_text())['precision']==('bfloat16' if force else 'float32')
+    assert rs.out.count(_line('bfloat16'))==(0 if force else 1), rs.out[-2000:]
