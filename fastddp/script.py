@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/script.html.md"""
 __all__ = ['ScriptError', 'run_main', 'get_data', 'EpochTimer', 'train_cbs', 'run_ctx', 'summary', 'finish']
 
 # %% ../nbs/08_script.ipynb #8f052bdd
-import os, sys, json, time
+import os, sys, json, time, urllib.error, http.client
 from pathlib import Path
 from fastai.callback.core import Callback
 from .core import *
@@ -27,6 +27,9 @@ def run_main(f):
 
 # %% ../nbs/08_script.ipynb #b1db1415
 _makers = {'pets': make_pets, 'imdb_sample': make_imdb_sample, 'imdb': make_imdb, 'adult': make_adult}
+# what fastai's `untar_data` (fastcore's `urlsave`, on urllib) raises when the server cannot be reached; a corrupt archive
+# or a full disk raises something else, and is not reported as "offline"
+_offline = (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException)
 _urls = {'pets': 'PETS', 'imdb_sample': 'IMDB_SAMPLE', 'imdb': 'IMDB', 'adult': 'ADULT_SAMPLE'}
 
 def get_data(kind:str, # 'pets', 'imdb_sample', 'imdb' or 'adult'
@@ -43,7 +46,7 @@ def get_data(kind:str, # 'pets', 'imdb_sample', 'imdb' or 'adult'
     from fastai.data.external import untar_data, URLs
     url = getattr(URLs, _urls[kind])
     try: return rank0_first(untar_data, url)
-    except Exception as e: raise ScriptError(f"could not download {url} ({type(e).__name__}); offline, pass --data PATH (a copy in fastai's layout) or --synthetic N (generated data)") from None
+    except _offline as e: raise ScriptError(f"could not download {url} ({type(e).__name__}: {e}); offline, pass --data PATH (a copy in fastai's layout) or --synthetic N (generated data)") from e
 
 # %% ../nbs/08_script.ipynb #5f1d554c
 class EpochTimer(Callback):
