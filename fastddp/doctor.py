@@ -267,7 +267,8 @@ def copy_bw(nbytes:int=2**26, # buffer size
 def _iters(size): return max(3, min(20, 2**26//size)) # nccl-tests times 20; fewer above 3 MiB keeps a 2-core sweep to 256 MiB in seconds
 
 def bench_rank(sizes:list, # message sizes in bytes
-               warmup:int=2): # untimed all-reduces per size
+               warmup:int=2, # untimed all-reduces per size
+               rounds:int=5): # timed blocks of `_iters` all-reduces per size; the median block counts
     "In each rank of a launched run: time `all_reduce` at each size; rank 0 reports the times and its copy bandwidth"
     import torch, torch.distributed as dist
     init_distrib()
@@ -279,14 +280,16 @@ def bench_rank(sizes:list, # message sizes in bytes
     for s in sizes:
         x = torch.ones(s//4, device=dev)
         for _ in range(warmup): dist.all_reduce(x)
-        n = _iters(s)
-        sync(); dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(n): dist.all_reduce(x)
-        sync()
-        t = torch.tensor([(time.perf_counter()-t0)/n], device=dev)
+        n,bt = _iters(s),[]
+        for _ in range(rounds):
+            sync(); dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(n): dist.all_reduce(x)
+            sync()
+            bt.append((time.perf_counter()-t0)/n)
+        t = torch.tensor(bt, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX) # a collective is done when its slowest rank is
-        ts.append(t.item())
+        ts.append(t.median().item()) # one block is a few all-reduces: on a shared CPU, another process's burst can double it
     report(ws=world_size(), backend=dist.get_backend(), times=ts, copy=cbw)
     dist.destroy_process_group()
 
