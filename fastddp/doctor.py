@@ -18,7 +18,7 @@ from json import dumps, loads
 from fastcore.script import call_parse
 from .core import *
 from .launch import port_free
-from .testing import run_ranks, report
+from .testing import run_ranks, report, RanksFailed
 
 # %% ../nbs/06_doctor.ipynb #f7c134bb
 _units = {'':1, 'K':2**10, 'M':2**20, 'G':2**30}
@@ -224,9 +224,9 @@ def checkup(nproc:int=None, # ranks planned on this machine (None: one per GPU, 
     return dict(versions=v, backends=b, gpus=gs, peer=pa, topo=topo(), env=env, checks=cs, status=status(cs))
 
 # %% ../nbs/06_doctor.ipynb #4d128c30
-def _yn(o): return 'yes' if o else 'no'
-def _t(s): return f"{s*1e6:.1f} us" if s<1e-3 else f"{s*1e3:.2f} ms" if s<1 else f"{s:.2f} s"
-def _f(o): return 'unknown' if o is None else f"{o:.3f}"
+def _yes_no(o): return 'yes' if o else 'no'
+def _fmt_time(s): return f"{s*1e6:.1f} us" if s<1e-3 else f"{s*1e3:.2f} ms" if s<1 else f"{s:.2f} s" # seconds in the unit that reads best
+def _fmt_float(o): return 'unknown' if o is None else f"{o:.3f}" # a ratio that may be unknown
 
 def render_bench(r:dict): # the `bench` part of a report
     "The bench sweep as lines of text"
@@ -234,19 +234,19 @@ def render_bench(r:dict): # the `bench` part of a report
     ls = [f"  all_reduce (sum, float32) on {r['nproc']} {r['backend']} ranks; busbw = algbw × 2(n-1)/n",
           f"  link limit: {f'memory copy in one process, {cbw:.2f} GB/s' if cbw else 'unknown (GPUs)'}",
           f"  {'size':>10} {'time':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} {'busbw/copy':>11}"]
-    ls += [f"  {fmt_size(o['size']):>10} {_t(o['time_s']):>10} {o['algbw_GBps']:>11.3f} {o['busbw_GBps']:>11.3f} {_f(o['of_copy']):>11}" for o in r['rows']]
-    if 'model' in r: m = r['model']; ls.append(f"  model {m['name']}: gradients {fmt_size(m['size'])}, one all-reduce {_t(m['time_s'])}, busbw {m['busbw_GBps']:.3f} GB/s ({_f(m['of_copy'])} of copy)")
+    ls += [f"  {fmt_size(o['size']):>10} {_fmt_time(o['time_s']):>10} {o['algbw_GBps']:>11.3f} {o['busbw_GBps']:>11.3f} {_fmt_float(o['of_copy']):>11}" for o in r['rows']]
+    if 'model' in r: m = r['model']; ls.append(f"  model {m['name']}: gradients {fmt_size(m['size'])}, one all-reduce {_fmt_time(m['time_s'])}, busbw {m['busbw_GBps']:.3f} GB/s ({_fmt_float(m['of_copy'])} of copy)")
     o = r['rows'][-1]
-    ls.append(f"  at {fmt_size(o['size'])}: busbw {o['busbw_GBps']:.3f} GB/s = {_f(o['of_copy'])} of the link limit")
+    ls.append(f"  at {fmt_size(o['size'])}: busbw {o['busbw_GBps']:.3f} GB/s = {_fmt_float(o['of_copy'])} of the link limit")
     return ls
 
 def render(r:dict): # from `checkup` (and `run_bench`)
     "The report `r` as text for a terminal"
     v,b,e = r['versions'],r['backends'],r['env']
     ls = ['versions']+[f"  {k:<11} {v[k] or ('none' if k in ('cuda','nccl') else 'not installed')}" for k in ('python','torch','cuda','nccl','fastai','accelerate','fastddp')]
-    ls += ['backends', f"  nccl {_yn(b['nccl'])}, gloo {_yn(b['gloo'])}, mpi {_yn(b['mpi'])}; default: {b['default']}"]
+    ls += ['backends', f"  nccl {_yes_no(b['nccl'])}, gloo {_yes_no(b['gloo'])}, mpi {_yes_no(b['mpi'])}; default: {b['default']}"]
     ls += ['gpus']+([f"  {o['index']}: {o['name']}, {o['memory_gib']} GiB, compute {o['capability']}" for o in r['gpus']] or ["  no GPU"])
-    ls += ['peer']+([f"  {k}: {_yn(o)}" for k,o in r['peer'].items()] or ["  no GPU pairs"])
+    ls += ['peer']+([f"  {k}: {_yes_no(o)}" for k,o in r['peer'].items()] or ["  no GPU pairs"])
     ls += ['topo']+[f"  {o}" for o in (r['topo'] or 'no nvidia-smi').splitlines()]
     ls += ['env', "  variables"+("" if e['vars'] else "  none set")]+[f"    {k}={o}" for k,o in e['vars'].items()]
     ls += [f"  cpus       {e['cpus']} usable of {e['cpus_machine']}; planned: {e['nproc']} ranks × {e['workers']} workers",
@@ -291,7 +291,8 @@ def copy_bw(nbytes:int=2**26, # buffer size
 def _iters(size): return max(3, min(20, 2**26//size)) # nccl-tests times 20; fewer above 3 MiB keeps a 2-core sweep to 256 MiB in seconds
 
 def bench_rank(sizes:list, # message sizes in bytes
-               warmup:int=2): # untimed all-reduces per size
+               warmup:int=2, # untimed all-reduces per size
+               rounds:int=5): # timed blocks of `_iters` all-reduces per size; the median block counts
     "In each rank of a launched run: time `all_reduce` at each size; rank 0 reports the times and its copy bandwidth"
     import torch, torch.distributed as dist
     init_distrib()
@@ -303,14 +304,16 @@ def bench_rank(sizes:list, # message sizes in bytes
     for s in sizes:
         x = torch.ones(s//4, device=dev)
         for _ in range(warmup): dist.all_reduce(x)
-        n = _iters(s)
-        sync(); dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(n): dist.all_reduce(x)
-        sync()
-        t = torch.tensor([(time.perf_counter()-t0)/n], device=dev)
+        n,bt = _iters(s),[]
+        for _ in range(rounds):
+            sync(); dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(n): dist.all_reduce(x)
+            sync()
+            bt.append((time.perf_counter()-t0)/n)
+        t = torch.tensor(bt, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX) # a collective is done when its slowest rank is
-        ts.append(t.item())
+        ts.append(t.median().item()) # one block is a few all-reduces: on a shared CPU, another process's burst can double it
     report(ws=world_size(), backend=dist.get_backend(), times=ts, copy=cbw)
     dist.destroy_process_group()
 
@@ -339,6 +342,11 @@ def run_bench(nproc:int=2, # ranks
     return res
 
 # %% ../nbs/06_doctor.ipynb #9166c27a
+def _is_model(name):
+    "Is `name` a torchvision model?"
+    import torchvision.models as tvm # only for --model: the doctor itself starts without torchvision
+    return name in tvm.list_models()
+
 @call_parse
 def doctor(json:bool=False, # print the report as JSON
            bench:bool=False, # also measure all-reduce bandwidth on `nproc` ranks
@@ -351,11 +359,15 @@ def doctor(json:bool=False, # print the report as JSON
     except ValueError as e: print(f"fastddp-doctor: --max-size {e}", file=sys.stderr); return 2
     r = checkup(nproc, workers)
     if bench:
-        try: r['bench'] = run_bench(r['env']['nproc'], ms, model)
-        except ValueError as e: r['checks'].append(chk('bench', f"--model {model}: {e}", False, "give a torchvision model name, such as resnet34 (torchvision.models.list_models())"))
-        except Exception as e:
-            print(str(e)[-3000:], file=sys.stderr)
-            r['checks'].append(chk('bench', f"the ranks failed: {str(e).splitlines()[0]}", False, "fix what the ranks' output above says, then run fastddp-doctor --bench again"))
+        if model and not _is_model(model):
+            r['checks'].append(chk('bench', f"--model {model}: not a torchvision model", False, "give a torchvision model name, such as resnet34 (torchvision.models.list_models())"))
+        else:
+            try: r['bench'] = run_bench(r['env']['nproc'], ms, model)
+            except RanksFailed as e: # the ranks' own error: their output says what it was
+                print(e.ranks.out[-3000:], file=sys.stderr)
+                r['checks'].append(chk('bench', f"the ranks failed (exit code {e.ranks.rc})", False, "fix what the ranks' output above says, then run fastddp-doctor --bench again"))
+            except subprocess.TimeoutExpired as e:
+                r['checks'].append(chk('bench', f"the ranks did not finish in {e.timeout:.0f} s", False, "a rank hangs: run fastddp-doctor without --bench, and check the network between the ranks"))
         r['status'] = status(r['checks'])
     print(dumps(r, indent=1) if json else render(r), flush=True)
     return int(r['status']=='fail')

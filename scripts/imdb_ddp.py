@@ -4,7 +4,7 @@ import fastddp
 from fastai.text.all import *
 from fastai.distributed import *
 from fastddp.core import *
-from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
 
 @call_parse
 def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fastai's layout (default: download)
@@ -33,10 +33,10 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
             if sample: return TextDataLoaders.from_csv(path, 'texts.csv', text_col='text', label_col='label', valid_col='is_valid', bs=bs, seed=seed, num_workers=n_workers())
             return TextDataLoaders.from_folder(path, valid='test', bs=bs, seed=seed, num_workers=n_workers())
         dls = rank0_first(_dls)
+        # pretrained: fastai downloads WT103's weights (`untar_data`) unless ~/.fastai/models has them; only that download failing
+        # means "no weights" (any other error is the learner's own, and shows as it is)
         try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
-        except Exception as e:
-            if not pretrained: raise
-            raise ScriptError(f"no pretrained WT103 weights ({type(e).__name__}): they download into ~/.fastai/models once online; or pass --no-pretrained") from None
+        except offline_errors as e: raise ScriptError(f"no pretrained WT103 weights (could not download them: {type(e).__name__}: {e}): they download into ~/.fastai/models once online; or pass --no-pretrained") from e
         t0 = time.time()
         # AWD-LSTM's fine_tune leaves parameters without gradients while frozen: DDP must look for them
         with run_ctx(learn, dp, fp16, comm_hook=comm_hook, find_unused_parameters=True): learn.fine_tune(epochs, lr)

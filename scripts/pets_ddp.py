@@ -5,21 +5,28 @@ from fastai.vision.all import *
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.data import PETS_RE
-from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError
+from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
 
-def get_arch(name, pretrained):
-    "A torchvision classifier by name, its cut/split registered for fastai when fastai's `model_meta` lacks it"
+def get_arch(name, pretrained, weights='DEFAULT'):
+    "A torchvision classifier by name (its cut/split registered for fastai when `model_meta` lacks it) and its weights enum member"
     import torchvision.models as tvm
     if name not in tvm.list_models(module=tvm): raise ScriptError(f"--arch {name}: not a torchvision classification model")
     arch = getattr(tvm, name)
     # vision_learner knows the body cut and parameter groups only for archs in `model_meta`; others fail with a bare StopIteration
-    if arch not in model_meta: model_meta[arch] = {'cut': -1, 'split': default_split, 'stats': imagenet_stats}
-    if pretrained: # torchvision loads cached weights with no network; offline and not cached, say which file is expected
-        fn = Path(torch.hub.get_dir())/'checkpoints'/Path(tvm.get_model_weights(name).DEFAULT.url).name
-        if not fn.exists():
-            try: torch.hub.load_state_dict_from_url(tvm.get_model_weights(name).DEFAULT.url, progress=False)
-            except Exception as e: raise ScriptError(f"no pretrained weights for {name} ({type(e).__name__}): put {fn.name} in {fn.parent}, or pass --no-pretrained") from None
-    return arch
+    if arch not in model_meta: model_meta[arch] = {'cut': -1, 'split': default_split, 'stats': imagenet_stats, 'weights': 'DEFAULT'}
+    if not pretrained: return arch, None
+    ws = tvm.get_model_weights(name)
+    if weights not in ws.__members__: raise ScriptError(f"--weights {weights}: {name} has {', '.join(ws.__members__)}")
+    w = ws[weights]
+    # torchvision loads cached weights with no network; offline and not cached, name every file that would do
+    fn = Path(torch.hub.get_dir())/'checkpoints'/Path(w.url).name
+    if not fn.exists():
+        try: torch.hub.load_state_dict_from_url(w.url, progress=False)
+        except offline_errors as e:
+            files = {Path(o.url).name: [k for k,v in ws.__members__.items() if v==o] for o in ws}
+            choices = '; '.join(f"{f} (--weights {' or '.join(ks)})" for f,ks in files.items())
+            raise ScriptError(f"no pretrained weights {weights} for {name} (could not download {fn.name}: {type(e).__name__}): put one of {choices} in {fn.parent}, or pass --no-pretrained") from e
+    return arch, w
 
 @call_parse
 def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: download URLs.PETS)
@@ -27,6 +34,7 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
          arch:str='resnet34', # torchvision model: resnet18/34/50, mobilenet_v2, ...
          size:int=224, # image size
          pretrained:bool=True, # with --no-pretrained, start from random weights
+         weights:str='DEFAULT', # torchvision's weights for --arch, by name: DEFAULT, IMAGENET1K_V1, ... (as `vision_learner(weights=)`)
          epochs:int=1, # epochs after the frozen one (fine_tune)
          bs:int=64, # batch size per process
          lr:float=2e-3, # the single-process learning rate
@@ -44,9 +52,9 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
     def _run():
         set_seed(seed)
         path = get_data('pets', data, synthetic)
-        a = rank0_first(get_arch, arch, pretrained) # rank 0 fetches the weights, the others find them cached
+        a,w = rank0_first(get_arch, arch, pretrained, weights) # rank 0 fetches the weights, the others find them cached
         dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed, num_workers=n_workers())
-        learn = vision_learner(dls, a, pretrained=pretrained, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
+        learn = vision_learner(dls, a, pretrained=pretrained, weights=w, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         t0 = time.time()
         with run_ctx(learn, dp, fp16, comm_hook=comm_hook): learn.fine_tune(epochs, lr)
         finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), out)

@@ -9,13 +9,17 @@ import sys, os, time
 from fastai.basics import *
 from fastai.distributed import *
 from fastddp.core import *; from fastddp.testing import report
-from fastddp.checkpoint import Checkpoint
+from fastddp.checkpoint import Checkpoint, write_tmp
 path, mode, n_ep = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+class DieMidSave(Checkpoint): # mode 'die@NAME': the writer of NAME dies once the temporary file is complete, before the rename
+    def write(self, st, fn):
+        if mode=='die@'+fn.name: write_tmp(st, fn); os._exit(9)
+        return super().write(st, fn)
 set_seed(0)
 x = torch.randn(64,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
 torch.manual_seed(0)
 learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cpu'),
-                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=Checkpoint(every=5)) # 8 steps an epoch: mid-epoch checkpoints too
+                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=DieMidSave(every=5)) # 8 steps an epoch: mid-epoch checkpoints too
 class Die(Callback): # rank 1 dies at the 3rd step of the 2nd epoch, on the first attempt only
     def after_batch(self):
         if mode=='die' and self.training and self.epoch==1 and self.iter==2 and rank()==world_size()-1 and os.environ.get('TORCHELASTIC_RESTART_COUNT','0')=='0': os._exit(5)
@@ -43,10 +47,12 @@ def test_resume_after_kill(tmp_path, marker):
 
 def test_writer_killed_mid_save(tmp_path):
     "Killing the writer between write and rename leaves the previous checkpoint, which the next run picks up"
-    rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4], env={'FASTDDP_CKPT_FAULT': 'ckpt_e0002_s000000.pth'}, check=False)
-    assert rs.rc!=0
+    rs = run_ranks(CK, n=2, args=[tmp_path, 'die@ckpt_e0002_s000000.pth', 4], check=False)
+    assert rs.rc!=0 and "rank 0" in rs.out and "exit code 9" in rs.out, rs.out[-2000:]
     names = sorted(o.name for o in (tmp_path/'checkpoints').iterdir())
     assert names==['ckpt_e0001_s000002.pth', 'ckpt_e0001_s000007.pth', 'ckpt_e0002_s000000.pth.tmp'], names
+    import torch
+    assert torch.load(tmp_path/'checkpoints'/'ckpt_e0002_s000000.pth.tmp', weights_only=False)['epoch']==2 # the new one was written whole, never renamed
     rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4])
     assert "resuming from" in rs.out and "ckpt_e0001_s000007.pth" in rs.out
 

@@ -74,3 +74,15 @@ def test_light_import():
     "Importing the module imports neither torch nor fastai"
     p = subprocess.run([sys.executable, '-c', "import sys, fastddp.doctor; print('torch' in sys.modules, 'fastai' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
     assert p.stdout.split()==['False', 'False'], p.stderr
+
+def test_bench_failures():
+    "An unknown --model fails its check before any rank starts; ranks that fail are named as such, with their own error shown"
+    p = doctor('--bench', '--json', '--nproc', 2, '--max-size', '4K', '--model', 'resnet35')
+    r = json.loads(p.stdout)
+    assert p.returncode==1 and 'bench' not in r
+    assert [c['value'] for c in r['checks'] if c['name']=='bench']==["--model resnet35: not a torchvision model"]
+    p = doctor('--bench', '--json', '--nproc', 2, '--max-size', '4K', env={'FASTDDP_TIMEOUT': 'abc'}, timeout=90) # the ranks' `init_distrib` cannot read it
+    r = json.loads(p.stdout)
+    assert p.returncode==1 and 'bench' not in r
+    assert [c['value'] for c in r['checks'] if c['name']=='bench']==["the ranks failed (exit code 1)"]
+    assert "ValueError: could not convert string to float: 'abc'" in p.stderr

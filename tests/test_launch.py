@@ -161,3 +161,33 @@ def test_multi_node_stop_one(marker):
     assert "stopped by SIGTERM" in out1
     assert "failed" in out0, out0[-2000:]
     assert not wait_gone(marker, 30)
+
+PEER = '''
+import os, sys, time, torch, torch.distributed as dist
+from fastddp.core import *; from fastddp.testing import report
+init_distrib('gloo')
+mode = sys.argv[2]
+t = torch.ones(1000)
+try:
+    for i in range(1000):
+        if i==3 and rank()==1:
+            if mode=='kill': os._exit(3)
+            if mode=='raise': raise ValueError("boom on rank 1")
+            if mode=='hang': time.sleep(60)
+        dist.all_reduce(t)
+except Exception as e:
+    report(msg=f"{type(e).__name__}: {e}".strip().splitlines()[0]) # what the worker's error file records, first line
+    raise
+'''
+
+@pytest.mark.parametrize('mode,env', [('kill', {}), ('raise', {}), ('hang', {'FASTDDP_TIMEOUT': '3'})])
+def test_peer_lost_messages(mode, env, marker):
+    "torch's own messages for a lost peer (provoked for real) are classified as symptoms, so the launcher names the cause"
+    from fastddp.launch import peer_lost
+    rs = run_ranks(PEER, n=2, args=[marker, mode], env=env, check=False, timeout=100)
+    assert rs.rc!=0
+    assert peer_lost(rs[0]['msg']), rs[0]['msg'] # a torch that words it differently fails here (the table in 01_launch)
+    r0 = 0 if mode=='hang' else 1 # a hung rank never fails by itself: the agent stops it once rank 0 timed out
+    assert any(l.startswith(f"fastddp-launch: rank {r0} (pid ") for l in rs.out.splitlines()), rs.out[-2000:]
+    if mode=='raise': assert not peer_lost(rs[1]['msg'])
+    assert not wait_gone(marker, 10)

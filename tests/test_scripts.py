@@ -7,7 +7,7 @@ S = ROOT/'scripts'
 CASES = {'tabular': ('tabular_ddp.py', ['--synthetic', '400', '--bs', '32', '--epochs', '1']),
          'pets': ('pets_ddp.py', ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained']),
          'imdb': ('imdb_ddp.py', ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained'])}
-KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','comm_mib','history'}
+KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','comm_mib','wrapper','history'}
 
 # a plain fastai environment: no `import fastddp`, and the tabular script's own validation set rebuilt
 EVAL = '''
@@ -33,6 +33,7 @@ def test_script(name, tmp_path):
         rs = run_ranks(str(S/fn), n=n, launcher=launcher, args=args+['--out', out], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
         m = json.loads((out/'metrics.json').read_text())
         assert set(m)==KEYS and m['world_size']==n and m['task']==name and len(m['history'])>=1
+        assert m['wrapper']==(None if n==1 else 'DistributedDataParallel') # what the model trained in
         assert set(m['metrics'])==set(m['history'][-1])-{'train_loss','valid_loss'}
         assert rs.out.count(f"{name}: {n} process(es)")==1 # rank 0's summary, once
         p = subprocess.run([sys.executable, '-c', EVAL, str(out/'export.pkl'), name, str(tmp_path/'data'/'adult_400'/'adult_sample')], capture_output=True, text=True, cwd=tmp_path)
@@ -75,3 +76,47 @@ def test_script_flags(tmp_path):
     assert rs.out.count("time cost: 2 ranks")==1 and "rank 1: mean" in rs.out and "throughput:" in rs.out
     assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n'
 
+
+def test_script_dp(tmp_path):
+    "--dp trains under fastai's `parallel_ctx`: DataParallel, a pass-through on a CPU, says so"
+    rs = run_ranks(str(S/'tabular_ddp.py'), n=1, launcher='python', args=['--synthetic', '400', '--dp', '--out', tmp_path/'o'], env={'FASTDDP_DATA': str(tmp_path/'data')})
+    assert json.loads((tmp_path/'o'/'metrics.json').read_text())['wrapper']=='DataParallel'
+    assert "DataParallel without a GPU is a pass-through" in rs.out
+
+OFFLINE = {'https_proxy': 'http://127.0.0.1:9', 'HTTPS_PROXY': 'http://127.0.0.1:9'} # a closed port: no server, online or not
+
+def _run(script, args, env):
+    import os
+    return subprocess.run([sys.executable, str(S/script), *map(str, args)], capture_output=True, text=True, env={**os.environ, **OFFLINE, **env})
+
+def test_pets_weights(tmp_path):
+    "--weights NAME loads that cached torchvision file with no network; a missing one names every file that would do"
+    import torch, torchvision
+    ck = tmp_path/'th'/'hub'/'checkpoints'; ck.mkdir(parents=True)
+    sd = torchvision.models.resnet18().state_dict()
+    sd['conv1.weight'].fill_(0.5) # recognisable after training: fine_tune barely moves the first layer
+    torch.save(sd, ck/'resnet18-f37072fd.pth') # the file torchvision names for IMAGENET1K_V1
+    env = {'TORCH_HOME': str(tmp_path/'th'), 'FASTDDP_DATA': str(tmp_path/'data')}
+    base = ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18']
+    p = _run('pets_ddp.py', base+['--weights', 'IMAGENET1K_V1', '--out', tmp_path/'o'], env)
+    assert p.returncode==0, p.stderr[-2000:]
+    from fastai.learner import load_learner
+    import fastai.vision.all
+    w = load_learner(tmp_path/'o'/'export.pkl').model[0][0].weight
+    assert (w-0.5).abs().max()<0.05, (w-0.5).abs().max()
+    p = _run('pets_ddp.py', base+['--weights', 'IMAGENET1K_V9'], env)
+    assert p.returncode==2 and "--weights IMAGENET1K_V9: resnet18 has IMAGENET1K_V1, DEFAULT" in p.stderr.splitlines()[-1]
+    p = _run('pets_ddp.py', ['--synthetic', '148', '--arch', 'mobilenet_v2', '--weights', 'IMAGENET1K_V1'], env)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode==2 and "mobilenet_v2-b0353104.pth (--weights IMAGENET1K_V1); mobilenet_v2-7ebf99e0.pth (--weights IMAGENET1K_V2 or DEFAULT)" in last, p.stderr[-2000:]
+    assert str(ck) in last
+
+def test_imdb_no_weights(tmp_path):
+    "Offline, the missing WT103 weights give one line; another failure of the learner (here: fastai's folder cannot be made) shows as it is"
+    args = ['--sample', '--synthetic', '100', '--bs', '8']
+    env = {'FASTDDP_DATA': str(tmp_path/'data'), 'FASTAI_HOME': str(tmp_path/'fastai')}
+    p = _run('imdb_ddp.py', args, env)
+    assert p.returncode==2 and "no pretrained WT103 weights (could not download them: URLError" in p.stderr.splitlines()[-1], p.stderr[-2000:]
+    (tmp_path/'file').write_text('a file where a folder should be')
+    p = _run('imdb_ddp.py', args, {**env, 'FASTAI_HOME': str(tmp_path/'file'/'fastai')})
+    assert p.returncode==1 and "WT103" not in p.stderr and ("NotADirectoryError" in p.stderr or "FileExistsError" in p.stderr), p.stderr[-2000:]
