@@ -14,9 +14,10 @@ __all__ = ['parse_size', 'fmt_size', 'chk', 'status', 'versions', 'packages_chec
 import os, sys, re, math, time, shutil, socket, subprocess, platform
 from importlib import metadata
 from pathlib import Path
-from json import dumps, loads
+from json import dumps
 from fastcore.script import call_parse
 from .core import *
+from .probe import report_cpu
 from .launch import port_free
 from .testing import run_ranks, report, RanksFailed
 
@@ -91,19 +92,15 @@ def backend_check(b:dict): # from `backends`
 
 # %% ../nbs/06_doctor.ipynb #08de8034
 def half_precision():
-    "How half precision runs here: the GPU's bfloat16 support, or the CPU probe of `python -m fastddp.precision` (a subprocess: that module imports fastai)"
+    "How half precision runs here: the GPU's bfloat16 support, or `fastddp.probe`'s ratios for this CPU"
     import torch
     if has_cuda(): return dict(gpu=True, bf16=torch.cuda.is_bf16_supported())
-    try: p = subprocess.run([sys.executable, '-m', 'fastddp.precision'], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.SubprocessError) as e: return dict(gpu=False, error=str(e))
-    try: return dict(gpu=False, **loads(p.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError): return dict(gpu=False, error=(p.stderr.strip().splitlines() or ['no output'])[-1])
+    return dict(gpu=False, **report_cpu())
 
 def precision_check(h:dict): # from `half_precision`
     "Does `to_fp16()`/`to_bf16()` compute in half precision here, and is that fast?"
     nm = 'precision'
     if h['gpu']: return chk(nm, "GPU: float16 and bfloat16") if h['bf16'] else chk(nm, "GPU: float16 only", False, "use learn.to_fp16(): to_bf16() stops with 'Unsupported GPU' on this GPU", warn=True)
-    if 'error' in h: return chk(nm, f"the CPU probe failed: {h['error']}", False, "run `python -m fastddp.precision` to see why", warn=True)
     ds = ('float16','bfloat16')
     v = "CPU autocast takes "+', '.join(f"{d} {h[d]:.1f}x" for d in ds)+" float32's time"
     slow = [d for d in ds if h[d]>h['max_ratio']]

@@ -1,13 +1,12 @@
 "Mixed precision on the CPU: float32 with one line where the probe finds half precision slow, half where forced or fast, the probe cached, and the cost per step"
 import os, json, time, pytest, torch
 from fastddp.testing import run_ranks
-from fastddp.precision import half_ratio, max_ratio, cpu_key
+from fastddp.probe import half_ratio, max_ratio, cpu_key
 
 FIT = '''
 import os, torch
 from fastai.basics import *
 from fastai.distributed import *
-import fastddp.train # until train drops its older MixedPrecision patch (moved to precision), precision's must come last
 import fastddp.precision as P
 from fastddp.testing import report
 class Seen(Callback):
@@ -98,7 +97,7 @@ def test_fp16_step_cost(slow_cpu):
 
 SCRIPT = '''
 import sys, runpy
-import fastddp.train, fastddp.precision # until train drops its older MixedPrecision patch (moved to precision), precision's must come last
+import fastddp
 sys.argv[0] = {p!r}
 runpy.run_path({p!r}, run_name='__main__')
 '''
