@@ -7,7 +7,7 @@ S = ROOT/'scripts'
 CASES = {'tabular': ('tabular_ddp.py', ['--synthetic', '400', '--bs', '32', '--epochs', '1']),
          'pets': ('pets_ddp.py', ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained']),
          'imdb': ('imdb_ddp.py', ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained'])}
-KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','comm_mib','wrapper','history'}
+KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','comm_mib','wrapper','precision','history'}
 
 # a plain fastai environment: no `import fastddp`, and the tabular script's own validation set rebuilt
 EVAL = '''
