@@ -57,6 +57,9 @@ def page(rs):
            "median of the paired ratios within a repetition, with their spread (see [bench](bench.ipynb)). The commands:\n\n"
            "```sh\n"+'\n'.join(COMMANDS)+"\npython tools/bench_page.py\n```")
     body = [section(n, r) for n,r in rs] or ["**No results yet**: run the commands above on a quiet machine, then `python tools/bench_page.py`."]
+    names = {n for n,_ in rs}
+    todo = [c for c in COMMANDS if c.split('--save ')[-1].split('/')[-1] not in names]
+    if rs and todo: body.append("## Not measured yet\nThese commands have no saved results yet, so their tables are not on this page:\n\n```sh\n"+'\n'.join(todo)+"\n```")
     cells = [_cell(i, s) for i,s in enumerate([head, how, *body])]
     return dict(cells=cells, metadata={'jupytext': {'cell_metadata_filter': '-all', 'main_language': 'python', 'notebook_metadata_filter': '-all'}},
                 nbformat=4, nbformat_minor=5)
