@@ -289,7 +289,7 @@ def _iters(size): return max(3, min(20, 2**26//size)) # nccl-tests times 20; few
 
 def bench_rank(sizes:list, # message sizes in bytes
                warmup:int=2, # untimed all-reduces per size
-               rounds:int=5): # timed blocks of `_iters` all-reduces per size; the median block counts
+               rounds:int=5): # timed blocks of a few all-reduces per size; the median block counts
     "In each rank of a launched run: time `all_reduce` at each size; rank 0 reports the times and its copy bandwidth"
     import torch, torch.distributed as dist
     init_distrib()
