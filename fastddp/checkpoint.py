@@ -14,7 +14,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from fastai.basics import *
 from fastai.distributed import *
-from .core import *; from fastddp.testing import report
+from .core import *
 from .eval import all_gather_list
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a

@@ -13,16 +13,14 @@ from fastai.distributed import *
 from fastai.callback.progress import CSVLogger
 from fastai.callback.schedule import LRFinder
 from .core import *
-from .eval import all_gather_list
+from .eval import all_gather_list, is_distributed
 
 # %% ../nbs/02c_rank_safe.ipynb #852c32a5
-def _is_ddp(learn): return any(isinstance(o, DistributedTrainer) for o in learn.cbs)
-
 _csv_before_fit = CSVLogger.before_fit
 @patch
 def before_fit(self:CSVLogger):
     "Prepare the log file, on rank 0 only when training data-parallel"
-    if rank_distrib() and _is_ddp(self.learn): self.run = False; return # skips this fit's events; fastai resets `run` after it
+    if rank_distrib() and is_distributed(self.learn): self.run = False; return # skips this fit's events; fastai resets `run` after it
     _csv_before_fit(self)
 
 # %% ../nbs/02c_rank_safe.ipynb #437eba08
@@ -31,12 +29,12 @@ _lrf_before_fit = LRFinder.before_fit
 def before_fit(self:LRFinder):
     "Save the weights to restore; under DDP every rank restores the copy rank 0 saved"
     _lrf_before_fit(self)
-    if _is_ddp(self.learn): self.tmp_p = all_gather_list(self.tmp_p)[0] # also waits for rank 0's save
+    if is_distributed(self.learn): self.tmp_p = all_gather_list(self.tmp_p)[0] # also waits for rank 0's save
 
 @patch
 def after_fit(self:LRFinder):
     "Restore the weights saved before the search"
     self.learn.opt.zero_grad() # needed before detaching the optimizer for future fits
     if (self.path/self.model_dir/self.tmp_p/'_tmp.pth').exists(): self.learn.load(f'{self.tmp_p}/_tmp', with_opt=True)
-    if _is_ddp(self.learn): distrib_barrier() # rank 0 removes the file only once every rank has read it
+    if is_distributed(self.learn): distrib_barrier() # rank 0 removes the file only once every rank has read it
     self.tmp_d.cleanup()

@@ -11,8 +11,8 @@ __all__ = ['phases', 'phase_after', 'limits', 'segments', 'step_phases', 'Clock'
 import os, time, numpy as np, torch
 from fastai.basics import *
 from fastai.distributed import *
-from .core import *; from fastddp.testing import report
-from .eval import all_gather_list
+from .core import *
+from .eval import all_gather_list, is_distributed
 
 # %% ../nbs/05_timecost.ipynb #eb13fea5
 phases = ('data','forward','backward','comm','step','callbacks','other')
@@ -143,7 +143,7 @@ class TimeCost(Callback):
         dl = self.dls.train
         me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
                   comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0), cuda=self.clock.cuda)
-        dt = any(isinstance(o, DistributedTrainer) for o in self.learn.cbs)
+        dt = is_distributed(self.learn)
         self.ranks = all_gather_list(me) if dt else [me]
         if not is_rank0(): return
         if self.show: print(self.report())
