@@ -111,7 +111,8 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
                comm_hook:str=None, # DDP communication hook: 'fp16', 'powersgd' (compressing from step 2)
                dp:bool=False, # DataParallel over the visible GPUs in this one process (fastai's `parallel_ctx`)
                time_cost:bool=False, # time the phases with `TimeCost` and report their means (ms, rank 0)
-               ddp:dict=None): # DDP options for `distrib_ctx` (`gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`, ...)
+               ddp:dict=None, # DDP options for `distrib_ctx` (`gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`, ...)
+               watchdog:bool=True): # False: train without the heartbeat and its watchdog (`FASTDDP_STALL=0`)
     "Samples/s of fastai's `fit` (inside `distrib_ctx` on several ranks) and what it all-reduced; `bs` is the global batch"
     from fastai.basics import Learner, DataLoaders, DataLoader, CrossEntropyLossFlat, SGD, Callback, partial
     from fastai.callback.progress import ProgressCallback
@@ -128,6 +129,7 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
             if self.i==warmup+steps: _sync(); self.t1 = time.perf_counter()
     d = _data(bs*(steps+warmup), size, arch)
     dls = DataLoaders(DataLoader(TensorDataset(*d), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(*[o[:bs] for o in d]), bs=bs//ws)) # on the GPU when there is one
+    if not watchdog: os.environ['FASTDDP_STALL'] = '0' # read when `distrib_ctx` adds its callbacks
     tm,m = StepTimer(),_model(arch)
     cbs = [tm]+([Accumulate(accum)] if accum>1 else [])+([TimeCost(skip=warmup, show=False)] if time_cost else [])
     if hasattr(m, 'reset'): cbs += rnn_cbs() # `ModelResetter`, `RNNCallback`; no regularizer
@@ -147,7 +149,7 @@ modes = dict(raw=(run_raw, {}), nosync=(run_raw, dict(sync=False)), single=(run_
              fp16=(run_fastai, dict(comm_hook='fp16')), powersgd=(run_fastai, dict(comm_hook='powersgd')),
              bucket_view=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=True))), static_graph=(run_fastai, dict(ddp=dict(static_graph=True))),
              one_bucket=(run_fastai, dict(ddp=dict(bucket_cap_mb=1024))), bucket_5mb=(run_fastai, dict(ddp=dict(bucket_cap_mb=5))),
-             steploss=(run_fastai, dict(ddp=dict(step_loss=True))),
+             steploss=(run_fastai, dict(ddp=dict(step_loss=True))), nowatchdog=(run_fastai, dict(watchdog=False)),
              pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))))
 _one = ('single','dp') # modes of one process
 
@@ -350,7 +352,7 @@ def main(model:str='resnet18', # workload: a torchvision model on images, 'tabul
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss
+         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side
          png:str='bench.png', # the chart (empty: none)

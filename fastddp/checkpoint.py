@@ -16,6 +16,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from .core import *
 from .eval import all_gather_list
+from .watchdog import beat
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -130,6 +131,7 @@ class Checkpoint(Callback):
         st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, ws=world_size(), rng=all_gather_list(rng_state(self.learn)), dl0=self.dl0,
                   model=get_model(self.learn.model).state_dict(), opt=self.opt.state_dict(),
                   scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None)
+        beat() # the watchdog's clock starts again for the write, on every rank
         if is_rank0():
             self.dir.mkdir(parents=True, exist_ok=True)
             self.write(st, self.dir/f'ckpt_e{epoch:04d}_s{it:06d}.pth')

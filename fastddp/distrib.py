@@ -22,6 +22,7 @@ from .core import *
 from .comm import check_hook, ddp_kwargs, register_hook
 from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
+from .watchdog import Heartbeat, guard_exit, stall_time
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 
 # %% ../nbs/03_distrib.ipynb #2db502d6
@@ -34,6 +35,7 @@ def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
     if world_size()>1 and not dist.is_initialized():
         init_distrib(be)
         atexit.register(teardown_distrib) # leaving without it can abort the process at exit (and torch warns for nccl)
+        guard_exit() # and an exit that hangs ends with the stacks
     return gpu
 
 # %% ../nbs/03_distrib.ipynb #a96cfdf0
@@ -162,6 +164,7 @@ def accumulate(self:AvgSmoothLoss, learn):
 def to_distributed(self:Learner, **kwargs):
     "Add a `DistributedTrainer` to train data-parallel"
     self.add_cb(DistributedTrainer(**kwargs))
+    if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
@@ -172,6 +175,7 @@ def detach_distributed(self:Learner):
     # fastai returned early when `num_distrib()<=1`, leaving the trainer in `learn.cbs` under a 1-process launcher
     if not is_distributed(self): return self
     self.remove_cb(DistributedTrainer)
+    for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 

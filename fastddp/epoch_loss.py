@@ -40,6 +40,8 @@ def smoothed(losses, # each step's loss, in order
     return res,val,count
 
 # %% ../nbs/02b_epoch_loss.ipynb #e1d13ef8
+def _set(cb, k, v): object.__setattr__(cb, k, v) # `Callback`'s setattr warns that the learner has a `smooth_loss` too
+
 class EpochLoss(Callback):
     "Exchange the smoothed training loss's inputs once per epoch instead of at every step"
     order = 12 # after `DistributedTrainer` (11), before `Recorder` (50) logs the epoch
@@ -50,11 +52,13 @@ class EpochLoss(Callback):
         rec = getattr(self.learn, 'recorder', None)
         if rec is None or any(isinstance(o, LRFinder) for o in self.learn.cbs): return # `lr_find` decides at every step
         self.rec,self.sm,self.n0 = rec,rec.smooth_loss,len(rec.losses)
-        rec.smooth_loss = RankSmoothLoss(self.sm)
+        _set(rec, 'smooth_loss', RankSmoothLoss(self.sm))
 
     def _restore(self):
         "Give the recorder its own smoother back; return the one used during the epoch"
-        local,self.rec.smooth_loss,self.rec = self.rec.smooth_loss,self.sm,None
+        local = self.rec.smooth_loss
+        _set(self.rec, 'smooth_loss', self.sm)
+        self.rec = None
         return local
 
     def after_train(self):

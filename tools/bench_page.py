@@ -22,6 +22,8 @@ COMMANDS = [
     f"python -m fastddp.bench --allreduce --max-size 64M --grads resnet34 --save {D}/07_allreduce.json",
     f"python tools/bench_scripts.py 5 --save {D}/08_scripts.json",
     f"python tools/bench_accuracy.py tabular 5 --save {D}/09_accuracy_tabular.json",
+    f"python tools/soak.py --n 100 --save {D}/10_soak_user.json",
+    f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' --save {D}/11_soak_scripts.json",
 ]
 
 def load(d=RESULTS):
