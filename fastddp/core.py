@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'cpus', 'rank_workers', 'n_workers',
-           'distrib_timeout', 'init_distrib']
+           'distrib_timeout', 'stall_time', 'init_distrib']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, datetime
@@ -120,6 +120,11 @@ def n_workers():
 def distrib_timeout():
     "How long a collective waits for a peer (`FASTDDP_TIMEOUT` seconds, default 300)"
     return datetime.timedelta(seconds=float(os.environ.get('FASTDDP_TIMEOUT') or 300))
+
+# %% ../nbs/00_core.ipynb #17077eef
+def stall_time():
+    "Seconds a rank may go without progress before the watchdog stops the run (`FASTDDP_STALL`, default 180; 0: never)"
+    return float(os.environ.get('FASTDDP_STALL') or 180)
 
 # %% ../nbs/00_core.ipynb #0c5dbf28
 def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without

@@ -22,7 +22,7 @@ from .core import *
 from .comm import check_hook, ddp_kwargs, register_hook
 from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
-from .watchdog import Heartbeat, guard_exit, stall_time
+from .watchdog import Heartbeat, guard_exit
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 
 # %% ../nbs/03_distrib.ipynb #2db502d6

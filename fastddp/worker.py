@@ -9,12 +9,13 @@ __all__ = ['run_script']
 
 # %% ../nbs/01a_worker.ipynb #10a02e28
 import os, sys, runpy, traceback
-from .core import DistribError
+from .core import DistribError, stall_time
 
 # %% ../nbs/01a_worker.ipynb #9ed0ff4c
 def _exit(code):
-    "Run the exit handlers, flush, and leave without finalising the interpreter"
-    import atexit
+    "Run the exit handlers, flush, and leave without finalising the interpreter; if that hangs, the stacks and code 1"
+    import atexit, faulthandler
+    if stall_time()>0: faulthandler.dump_traceback_later(stall_time(), exit=True) # a handler waiting for a gone peer must not hold the job
     atexit._run_exitfuncs()
     sys.stdout.flush(); sys.stderr.flush()
     os._exit(code)
