@@ -7,10 +7,11 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'cpus', 'rank_workers', 'n_workers',
-           'distrib_timeout', 'stall_time', 'init_distrib']
+           'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface', 'pick_iface', 'first_host', 'slurm_env',
+           'use_slurm', 'init_distrib']
 
 # %% ../nbs/00_core.ipynb #5a53279b
-import os, sys, datetime
+import os, sys, re, socket, datetime
 from pathlib import Path
 
 # %% ../nbs/00_core.ipynb #f830cd69
@@ -126,11 +127,89 @@ def stall_time():
     "Seconds a rank may go without progress before the watchdog stops the run (`FASTDDP_STALL`, default 180; 0: never)"
     return float(os.environ.get('FASTDDP_STALL') or 180)
 
+# %% ../nbs/00_core.ipynb #1a11f3b1
+def iface_addrs():
+    "The IPv4 address of each network interface of this host: `{name: address}`"
+    import fcntl, struct
+    res = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _,name in socket.if_nameindex():
+            try: res[name] = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', name[:15].encode()))[20:24]) # SIOCGIFADDR
+            except OSError: pass # an interface without an IPv4 address
+    return res
+
+# %% ../nbs/00_core.ipynb #f685fcfa
+def route_iface(addr:str): # a host name or IPv4 address
+    "The interface this host reaches `addr` through, and its address: `(name or None, address)`"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9)) # a UDP connect sends nothing: the kernel only picks the route and the source address
+            src = s.getsockname()[0]
+    except socket.gaierror as e: raise DistribError(f"master address {addr!r}: no such host ({e.strerror})") from e
+    except OSError as e: raise DistribError(f"master address {addr!r}: this host has no route to it ({e.strerror})") from e
+    return next((n for n,a in iface_addrs().items() if a==src), None), src
+
+# %% ../nbs/00_core.ipynb #6ab5e119
+def pick_iface(master:str, # the master's host name or address
+               iface:str=None): # the interface the user chose (`--iface`), if any
+    "Set `GLOO_SOCKET_IFNAME` and `NCCL_SOCKET_IFNAME` for a run across hosts; return a line saying what was chosen, or None"
+    if iface is None and os.environ.get('GLOO_SOCKET_IFNAME'): return None # the user's choice
+    addrs = iface_addrs()
+    if iface is not None:
+        if iface not in addrs: raise DistribError(f"--iface {iface}: no such interface with an IPv4 address on this host (it has: {', '.join(sorted(addrs))})")
+        name,src = iface,addrs[iface]
+    else:
+        name,src = route_iface(master)
+        if name is None: return None
+        if src.startswith('127.'): raise DistribError(f"master address {master!r} resolves to {src} on this host, a loopback address the other hosts cannot reach: give the master's address on the network between the hosts (or set GLOO_SOCKET_IFNAME)")
+    os.environ['GLOO_SOCKET_IFNAME'] = name
+    if not os.environ.get('NCCL_SOCKET_IFNAME'): os.environ['NCCL_SOCKET_IFNAME'] = name
+    return f"network interface {name} ({src}), which reaches the master {master}"
+
+# %% ../nbs/00_core.ipynb #8fae6690
+def first_host(nodes:str): # a SLURM node list such as 'node[07-09,12],gpu1'
+    "The first host of a SLURM node list"
+    m = re.match(r'([^,\[]+)(?:\[([^\]]+)\])?', nodes)
+    return m.group(1)+(m.group(2).split(',')[0].split('-')[0] if m.group(2) else '')
+
+def _per_node(s): # SLURM's tasks per node, such as '2(x3),1'
+    return [int(n) for o in s.split(',') for n in [o.split('(')[0]]*(int(o.split('(x')[1][:-1]) if '(x' in o else 1)]
+
+# %% ../nbs/00_core.ipynb #216106ee
+def slurm_env(env=None): # the environment (`os.environ` when None)
+    "The torch variables for a task of an `srun` step started without a launcher, or None"
+    env = os.environ if env is None else env
+    if 'RANK' in env or 'SLURM_PROCID' not in env or int(env.get('SLURM_STEP_NUM_TASKS') or 1)<2: return None
+    node = int(env.get('SLURM_NODEID') or 0)
+    return dict(RANK=env['SLURM_PROCID'], WORLD_SIZE=env['SLURM_STEP_NUM_TASKS'], LOCAL_RANK=env.get('SLURM_LOCALID', '0'),
+                LOCAL_WORLD_SIZE=str(_per_node(env['SLURM_STEP_TASKS_PER_NODE'])[node]), MASTER_ADDR=first_host(env['SLURM_STEP_NODELIST']),
+                MASTER_PORT=str(15000+int(env.get('SLURM_JOB_ID') or 0)%20000)) # one port per job: two jobs sharing a node do not collide
+
+# %% ../nbs/00_core.ipynb #95bdc34b
+def use_slurm():
+    "Take the ranks from an `srun` step started without a launcher; say so, or say that `srun` is missing"
+    e = slurm_env()
+    if e is None:
+        n = int(os.environ.get('SLURM_NTASKS') or 1)
+        if n>1 and 'RANK' not in os.environ and 'SLURM_STEP_NUM_TASKS' not in os.environ and not _said:
+            _said.append(1)
+            print(f"fastddp: this SLURM job has {n} tasks, but this process was not started by srun: training as one process (start it with `srun python ...`, or with a launcher)", file=sys.stderr, flush=True)
+        return None
+    os.environ.update(e)
+    if e['RANK']=='0' and not _said:
+        _said.append(1)
+        print(f"fastddp: srun step without a launcher: {e['WORLD_SIZE']} ranks, {e['LOCAL_WORLD_SIZE']} on this node, master {e['MASTER_ADDR']}:{e['MASTER_PORT']}", file=sys.stderr, flush=True)
+    return e
+_said = []
+
 # %% ../nbs/00_core.ipynb #0c5dbf28
 def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Create the default process group from the launcher's environment, with our timeout, surviving elastic restarts"
     import torch.distributed as dist
     kw = dict(backend=check_backend(backend), timeout=distrib_timeout())
+    if world_size()>_env_int('LOCAL_WORLD_SIZE', world_size()) and 'MASTER_ADDR' in os.environ: # ranks on several hosts
+        msg = pick_iface(os.environ['MASTER_ADDR'])
+        if msg: rank0_print(f"fastddp: {msg}")
     n = os.environ.get('TORCHELASTIC_RESTART_COUNT')
     if n and n!='0' and os.environ.get('TORCHELASTIC_USE_AGENT_STORE')=='True': # a restart: torch's own path is fine the first time
         st = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world_size(), is_master=False, timeout=kw['timeout'])

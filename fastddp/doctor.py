@@ -7,8 +7,8 @@ Docs: https://fastddp.github.io/fastddp/doctor.html.md"""
 # %% auto #0
 __all__ = ['parse_size', 'fmt_size', 'chk', 'status', 'versions', 'packages_check', 'python_check', 'backends', 'backend_check',
            'half_precision', 'precision_check', 'gpus', 'peer_access', 'topo', 'gpu_check', 'peer_check', 'dist_env',
-           'env_check', 'port_check', 'shm_check', 'cpu_check', 'checkup', 'render_bench', 'render', 'sweep', 'bus_bw',
-           'copy_bw', 'bench_rank', 'model_bytes', 'run_bench', 'doctor']
+           'env_check', 'port_check', 'shm_check', 'cpu_check', 'host_check', 'slurm_check', 'reach_check', 'checkup',
+           'render_bench', 'render', 'sweep', 'bus_bw', 'copy_bw', 'bench_rank', 'model_bytes', 'run_bench', 'doctor']
 
 # %% ../nbs/06_doctor.ipynb #3abea462
 import os, sys, re, math, time, shutil, socket, subprocess, platform
@@ -18,7 +18,7 @@ from json import dumps
 from fastcore.script import call_parse
 from .core import *
 from .probe import report_cpu
-from .launch import port_free
+from .launch import port_free, free_port
 from .testing import run_ranks, report, RanksFailed
 
 # %% ../nbs/06_doctor.ipynb #f7c134bb
@@ -206,9 +206,41 @@ def cpu_check(n:int, # CPUs usable
     w = rank_workers(n, nproc)
     return chk('cpus', v, False, f"use num_workers={w} in your DataLoaders (fastai's default is min(16, CPUs) per rank)", warn=True)
 
+# %% ../nbs/06_doctor.ipynb #e168e8f0
+def host_check():
+    "Does this host's name resolve to an address that other hosts can reach?"
+    name = socket.gethostname()
+    try: a = socket.gethostbyname(name)
+    except OSError as e: return chk('host', f"{name} does not resolve ({e})", False, "add the host name to /etc/hosts or DNS", warn=True)
+    lo = a.startswith('127.')
+    return chk('host', f"{name} resolves to {a}"+(" (loopback)" if lo else ""), not lo,
+               "across hosts fastddp picks the interface that reaches the master itself; for other tools set GLOO_SOCKET_IFNAME", warn=True)
+
+# %% ../nbs/06_doctor.ipynb #7820388f
+def slurm_check(env=None): # the environment (`os.environ` when None)
+    "Under an `srun` step: the ranks, master, port and network interface this task would use; None outside SLURM"
+    env = os.environ if env is None else env
+    if 'SLURM_JOB_ID' not in env: return None
+    e = slurm_env(env)
+    if e is None: return chk('slurm', f"job {env['SLURM_JOB_ID']}, not inside an srun step of several tasks (or a launcher set RANK)")
+    try: name,src = route_iface(e['MASTER_ADDR'])
+    except DistribError as err: return chk('slurm', str(err), False, "check the step's node list and the network between its nodes")
+    return chk('slurm', f"srun step: rank {e['RANK']} of {e['WORLD_SIZE']} ({e['LOCAL_WORLD_SIZE']} on this node), master {e['MASTER_ADDR']}:{e['MASTER_PORT']}, interface {name} ({src})")
+
+# %% ../nbs/06_doctor.ipynb #396a5d65
+def reach_check(peer:str): # 'HOST:PORT', such as the master's rendezvous address
+    "Does `peer` accept a TCP connection from this host?"
+    host,_,port = peer.rpartition(':')
+    try:
+        with socket.create_connection((host, int(port)), timeout=5): pass
+    except ValueError: return chk('peer', f"--peer {peer}: expected HOST:PORT", False, "give the master's address and port, such as node01:29500")
+    except OSError as e: return chk('peer', f"{peer}: {e.strerror or e}", False, "start the master's launcher first, then check the address, the port and any firewall between the nodes")
+    return chk('peer', f"{peer} accepts connections")
+
 # %% ../nbs/06_doctor.ipynb #968af50d
 def checkup(nproc:int=None, # ranks planned on this machine (None: one per GPU, 2 without)
-            workers:int=None): # DataLoader workers per rank (None: fastai's default, min(16, CPUs))
+            workers:int=None, # DataLoader workers per rank (None: fastai's default, min(16, CPUs))
+            peer:str=None): # 'HOST:PORT' whose rendezvous port should answer from here
     "Everything `fastddp-doctor` finds on this machine, as a dict"
     v,b,gs,pa,e = versions(),backends(),gpus(),peer_access(),dist_env()
     n,n_all = cpus()
@@ -217,7 +249,8 @@ def checkup(nproc:int=None, # ranks planned on this machine (None: one per GPU, 
     free = shutil.disk_usage('/dev/shm').free if os.path.isdir('/dev/shm') else None
     env = dict(vars=e, cpus=n, cpus_machine=n_all, nproc=nproc, workers=workers, shm_free=free)
     cs = [python_check(v['python']), packages_check(v), backend_check(b), gpu_check(gs, nproc), peer_check(pa), env_check(e), port_check(e),
-          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, workers), precision_check(half_precision())]
+          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, workers), precision_check(half_precision()), host_check()]
+    cs += [o for o in (slurm_check(), peer and reach_check(peer)) if o]
     return dict(versions=v, backends=b, gpus=gs, peer=pa, topo=topo(), env=env, checks=cs, status=status(cs))
 
 # %% ../nbs/06_doctor.ipynb #4d128c30
@@ -350,11 +383,12 @@ def doctor(json:bool=False, # print the report as JSON
            nproc:int=None, # ranks planned on this machine (default: one per GPU, 2 without a GPU)
            workers:int=None, # DataLoader workers per rank planned (default: fastai's, min(16, CPUs))
            model:str=None, # with --bench: time one all-reduce of this torchvision model's gradients, e.g. resnet34
-           max_size:str='256M'): # with --bench: the largest message, in bytes or with K, M, G (powers of 1024)
+           max_size:str='256M', # with --bench: the largest message, in bytes or with K, M, G (powers of 1024)
+           peer:str=None): # HOST:PORT of another node's rendezvous (the master's): is it reachable from here?
     "Check this machine for distributed training; measure its all-reduce bandwidth with --bench. Exit code 1 when a check fails"
     try: ms = parse_size(max_size)
     except ValueError as e: print(f"fastddp-doctor: --max-size {e}", file=sys.stderr); return 2
-    r = checkup(nproc, workers)
+    r = checkup(nproc, workers, peer)
     if bench:
         if model and not _is_model(model):
             r['checks'].append(chk('bench', f"--model {model}: not a torchvision model", False, "give a torchvision model name, such as resnet34 (torchvision.models.list_models())"))

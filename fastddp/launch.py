@@ -102,6 +102,7 @@ def _parser():
     p.add_argument('--node-rank', type=int, default=0, help="rank of this machine")
     p.add_argument('--master-addr', default='127.0.0.1', help="address of the machine with node rank 0")
     p.add_argument('--master-port', type=int, default=None, help="port on that machine (default: a free one, single node only)")
+    p.add_argument('--iface', default=None, help="network interface to the other nodes (default: the one that reaches --master-addr)")
     p.add_argument('--log-dir', default=None, help="folder for each rank's log files (default: a temporary folder)")
     p.add_argument('script', help="the training script")
     p.add_argument('args', nargs=argparse.REMAINDER, help="arguments for the script")
@@ -119,10 +120,14 @@ def launch_config(a):
     if a.master_port is not None and a.node_rank==0 and not port_free(a.master_port, a.master_addr):
         raise LaunchError(f"--master-port {a.master_port}: port busy on {a.master_addr} (an earlier run may still hold it); pick another or leave it out on a single node")
     n,vis,msg = plan_procs(a.gpus, a.nproc)
+    if a.nnodes>1: # gloo would bind to the address the host name resolves to, often a loopback one: choose the interface
+        try: net = pick_iface(a.master_addr, a.iface)
+        except DistribError as e: raise LaunchError(str(e)) from e
+        if net: msg = f"{msg}; {net}" if msg else net
     if vis is not None: os.environ['CUDA_VISIBLE_DEVICES'] = vis
     # no port: c10d picks a free one; a port: static rendezvous, whose run id must be the same on every node
     if a.master_port is None: backend,endpoint,cfg,rid = 'c10d','localhost:0',{},str(uuid.uuid4())
-    else: backend,endpoint,cfg,rid = 'static',f'{a.master_addr}:{a.master_port}',{'rank':a.node_rank},'fastddp'
+    else: backend,endpoint,cfg,rid = 'static',f'{a.master_addr}:{a.master_port}',{'rank':a.node_rank, 'timeout':int(distrib_timeout().total_seconds())},'fastddp' # nodes wait for each other as long as ranks do
     tee = Std.from_str(','.join(f'{i}:3' for i in range(1,n))) if n>1 else Std.NONE
     logs = DefaultLogsSpecs(log_dir=a.log_dir, tee=tee)
     return LaunchConfig(min_nodes=a.nnodes, max_nodes=a.nnodes, nproc_per_node=n, run_id=rid,
@@ -154,7 +159,11 @@ def launch(argv=None):
         print(f"fastddp-launch: stopped by {signal.Signals(e.sigval).name}; all ranks were stopped", file=sys.stderr, flush=True)
         return 128+int(e.sigval)
     except Exception as e:
-        print(f"fastddp-launch: {type(e).__name__}: {e}", file=sys.stderr, flush=True) # e.g. rendezvous with a node that never came
+        first = str(e).strip().splitlines()[0] if str(e).strip() else '' # torch's C++ errors carry their stack frames after the first line
+        print(f"fastddp-launch: {type(e).__name__}: {first}", file=sys.stderr, flush=True)
+        if a.nnodes>1 and type(e).__name__ in ('DistNetworkError', 'DistStoreError', 'RendezvousTimeoutError'):
+            print(f"fastddp-launch: the nodes did not meet at {a.master_addr}:{a.master_port} within {distrib_timeout().total_seconds():g} s (FASTDDP_TIMEOUT): "
+                  f"start node rank 0 there, and check that this node reaches it (fastddp-doctor --peer {a.master_addr}:{a.master_port})", file=sys.stderr, flush=True)
         return 1
     return 0
 

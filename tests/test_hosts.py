@@ -1,0 +1,95 @@
+"Two hosts on one machine: network namespaces joined by a veth pair, each with its own address and `fastddp-launch`"
+import os, sys, time, uuid, subprocess, tempfile, pytest, torch
+from pathlib import Path
+from fastddp.testing import read_reports
+from fastddp.launch import peer_lost
+from conftest import wait_gone
+
+def sh(*cmd): return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+@pytest.fixture(scope='module')
+def hosts():
+    "Two namespaces `(name, veth, address)` on a private subnet, removed afterwards whatever happens"
+    tag,net = uuid.uuid4().hex[:6],f'10.{77+os.getpid()%100}.{os.getpid()%250}'
+    hs = [(f'fdh{i}{tag}', f'fdv{i}{tag}', f'{net}.{i}') for i in (1,2)]
+    try:
+        for n,_,_ in hs: sh('ip', 'netns', 'add', n)
+        sh('ip', 'link', 'add', hs[0][1], 'type', 'veth', 'peer', 'name', hs[1][1])
+        for n,v,a in hs:
+            sh('ip', 'link', 'set', v, 'netns', n)
+            sh('ip', '-n', n, 'addr', 'add', f'{a}/24', 'dev', v)
+            for o in (v, 'lo'): sh('ip', '-n', n, 'link', 'set', o, 'up')
+        yield hs
+    finally:
+        for n,_,_ in hs: subprocess.run(['ip', 'netns', 'del', n], capture_output=True) # takes its end of the veth pair with it
+
+def tx(h): return int(sh('ip', 'netns', 'exec', h[0], 'cat', f'/sys/class/net/{h[1]}/statistics/tx_bytes'))
+
+def launch(hs, code, marker, env=None, largs=()):
+    "Start one `fastddp-launch --nnodes 2` in each namespace; return the Popens and the report folder"
+    d = tempfile.mkdtemp()
+    (Path(d)/'script.py').write_text(code)
+    e = {**os.environ, 'FASTDDP_REPORT_DIR': d, 'PYTHONUNBUFFERED': '1', 'FASTDDP_TIMEOUT': '30', **(env or {})}
+    port = 20000+os.getpid()%10000
+    ps = [subprocess.Popen(['ip', 'netns', 'exec', n, sys.executable, '-m', 'fastddp.launch', '--nnodes', '2', '--node-rank', str(i), '--nproc', '1',
+                            '--master-addr', hs[0][2], '--master-port', str(port), *largs, str(Path(d)/'script.py'), marker],
+                           env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i,(n,_,_) in enumerate(hs)]
+    return ps, d
+
+_train = '''
+import os
+from fastai.basics import *
+from fastai.distributed import *
+import fastddp
+from fastddp.testing import report
+torch.manual_seed(0)
+x = torch.randn(256,512); ds = list(zip(x, x[:,:1]))
+learn = Learner(DataLoaders(DataLoader(ds, bs=16), DataLoader(ds[:32], bs=16), device='cpu'), nn.Sequential(nn.Linear(512,512), nn.Linear(512,1)), loss_func=MSELossFlat())
+with learn.distrib_ctx(): learn.fit(1)
+report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.environ.get('GLOO_SOCKET_IFNAME'), valid=learn.recorder.values[-1][1])
+'''
+
+def test_two_hosts_train(hosts, marker):
+    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link"
+    t0 = [tx(h) for h in hosts]
+    ps,d = launch(hosts, _train, marker)
+    outs = [p.communicate(timeout=180)[0] for p in ps]
+    assert [p.returncode for p in ps]==[0, 0], '\n'.join(o[-2000:] for o in outs)
+    rs = read_reports(d, 2)
+    assert [r['iface'] for r in rs]==[h[1] for h in hosts]
+    assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o for h,o in zip(hosts, outs)), outs[0][-2000:]
+    for a,b in zip(*[r['w'] for r in rs]): assert torch.equal(a, b)
+    assert rs[0]['valid']==rs[1]['valid']
+    # 8 steps, each all-reducing 1 MiB of gradients: a ring all-reduce sends about the payload each way
+    sent = [tx(h)-t for h,t in zip(hosts, t0)]
+    assert min(sent)>8*(512*513*4), sent
+    assert wait_gone(marker, 20)==[]
+
+def test_master_unreachable(hosts, marker):
+    "Node rank 1 alone: the master never comes; it ends within the timeout, naming the address and port"
+    d = tempfile.mkdtemp(); (Path(d)/'s.py').write_text('print("never")')
+    t0 = time.time()
+    r = subprocess.run(['ip', 'netns', 'exec', hosts[1][0], sys.executable, '-m', 'fastddp.launch', '--nnodes', '2', '--node-rank', '1', '--nproc', '1',
+                        '--master-addr', hosts[0][2], '--master-port', '29999', str(Path(d)/'s.py'), marker],
+                       env={**os.environ, 'FASTDDP_TIMEOUT': '10'}, capture_output=True, text=True, timeout=120)
+    assert r.returncode==1 and time.time()-t0<2*10+15, (r.returncode, time.time()-t0)
+    assert f"the nodes did not meet at {hosts[0][2]}:29999 within 10 s (FASTDDP_TIMEOUT)" in r.stderr, r.stderr[-2000:]
+    assert 'never' not in r.stdout
+
+_slow = _train.replace('learn.fit(1)', 'learn.fit(1, cbs=[Slow()])').replace('torch.manual_seed(0)', '''torch.manual_seed(0)
+import time
+class Slow(Callback):
+    def after_batch(self): time.sleep(1)''')
+
+def test_link_down(hosts, marker):
+    "The link goes down mid-run: both hosts end within the timeout with the lost peer named, and no process is left"
+    ps,d = launch(hosts, _slow, marker, env={'FASTDDP_TIMEOUT': '15'})
+    time.sleep(25) # started and training (the first launch imports for a while)
+    sh('ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'down')
+    t0 = time.time()
+    try: outs = [p.communicate(timeout=120)[0] for p in ps]
+    finally: sh('ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'up')
+    assert time.time()-t0<2*15+20, time.time()-t0
+    assert [p.returncode for p in ps]==[1, 1], '\n'.join(o[-2000:] for o in outs)
+    for o in outs: assert 'failed' in o and peer_lost(o), o[-2000:]
+    assert wait_gone(marker, 20)==[]
