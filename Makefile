@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
 
-.PHONY: demo test check export docs chromium bench clean
+.PHONY: demo test check export docs chromium slurm bench clean
 
 $(BIN)/.ok: requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,7 +27,7 @@ check: $(BIN)/.ok
 	git diff --exit-code -- fastddp nbs || (echo "notebooks and modules disagree, or a notebook is not clean: run nbdev-export and nbdev-clean, then commit" && exit 1)
 	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
 
-test: check chromium
+test: check chromium slurm
 	$(BIN)/python -m pytest -ra
 
 # The docs site: `nbdev-docs` where Quarto is installed, otherwise nbdev's processed notebooks rendered by nbconvert (offline).
@@ -44,6 +44,15 @@ chromium:
 	  || { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; } \
 	  || { echo "make chromium: apt-get could not install chromium and chromium-driver (it needs root or passwordless sudo)"; exit 1; }; }
 	@chromium --version 2>/dev/null && chromedriver --version
+
+# SLURM and munge for tests/test_slurm.py's one-node cluster (started in a temporary folder, never as a service), from Debian's packages: installed once per machine.
+slurm:
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null && command -v munged >/dev/null || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $(SUDO) apt-get install -y -q --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null \
+	  || { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null; } \
+	  || { echo "make slurm: apt-get could not install slurmctld, slurmd, slurm-client and munge (it needs root or passwordless sudo)"; exit 1; }; }
+	@slurmctld -V
 
 bench: $(BIN)/.ok
 	$(BIN)/python -m fastddp.bench

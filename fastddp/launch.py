@@ -67,7 +67,9 @@ def _why(f):
     "Exit code or signal of a `ProcessFailure`, and the first line of its exception when the worker recorded one"
     why = f"killed by {f.signal_name()}" if f.exitcode<0 else f"exit code {f.exitcode}"
     msg = f.message.get('message', '') if isinstance(f.message, dict) else str(f.message or '')
-    msg = msg.strip().splitlines()[0] if msg.strip() and not msg.startswith(('To enable traceback', 'Signal ')) else ''
+    ls = [l for l in msg.strip().splitlines() if l.strip()] if not msg.startswith(('To enable traceback', 'Signal ')) else []
+    # fastai puts "Exception occured in `cb` when calling event `e`:" before the cause's message: keep both
+    msg = ls[0]+(f" {ls[1].strip()}" if len(ls)>1 and ls[0].rstrip().endswith('`:') else '') if ls else ''
     return why+(f": {msg}" if msg else "")
 
 # %% ../nbs/01_launch.ipynb #94d2f68f

@@ -79,17 +79,19 @@ def test_master_unreachable(hosts, marker):
 _slow = _train.replace('learn.fit(1)', 'learn.fit(1, cbs=[Slow()])').replace('torch.manual_seed(0)', '''torch.manual_seed(0)
 import time
 class Slow(Callback):
-    def after_batch(self): time.sleep(1)''')
+    def after_batch(self): report(step=self.iter); time.sleep(1)''')
 
 def test_link_down(hosts, marker):
     "The link goes down mid-run: both hosts end within the timeout with the lost peer named, and no process is left"
     ps,d = launch(hosts, _slow, marker, env={'FASTDDP_TIMEOUT': '15'})
-    time.sleep(25) # started and training (the first launch imports for a while)
+    while not all(o and 'step' in o for o in read_reports(d, 2)): # both ranks train
+        assert all(p.poll() is None for p in ps), [p.communicate()[0][-2000:] for p in ps]
+        time.sleep(0.5)
     sh('ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'down')
     t0 = time.time()
     try: outs = [p.communicate(timeout=120)[0] for p in ps]
     finally: sh('ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'up')
     assert time.time()-t0<2*15+20, time.time()-t0
     assert [p.returncode for p in ps]==[1, 1], '\n'.join(o[-2000:] for o in outs)
-    for o in outs: assert 'failed' in o and peer_lost(o), o[-2000:]
+    for o in outs: assert peer_lost([l for l in o.splitlines() if ') failed: ' in l][0]), o[-2000:] # the launcher's line names the lost peer
     assert wait_gone(marker, 20)==[]
