@@ -42,28 +42,52 @@ from fastai.basics import *
 from fastai.distributed import *
 import fastddp
 from fastddp.testing import report
+from fastddp.timecost import TimeCost
+from fastddp.distrib import setup_distrib
+import time, torch.distributed as dist
 torch.manual_seed(0)
 x = torch.randn(256,512); ds = list(zip(x, x[:,:1]))
 learn = Learner(DataLoaders(DataLoader(ds, bs=16), DataLoader(ds[:32], bs=16), device='cpu'), nn.Sequential(nn.Linear(512,512), nn.Linear(512,1)), loss_func=MSELossFlat())
-with learn.distrib_ctx(): learn.fit(1)
-report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.environ.get('GLOO_SOCKET_IFNAME'), valid=learn.recorder.values[-1][1])
+tc = TimeCost(show=False)
+with learn.distrib_ctx(): learn.fit(1, cbs=[tc])
+ph = {p:v[0][0] for p,v in tc.stats()['phases'].items()}
+setup_distrib(); t = torch.ones(2**20) # 4 MiB
+dist.all_reduce(t); dist.barrier(); t0 = time.perf_counter()
+for _ in range(3): dist.all_reduce(t)
+report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.environ.get('GLOO_SOCKET_IFNAME'), valid=learn.recorder.values[-1][1],
+       comm=ph['comm']/sum(ph.values()), Bps=3*4*2**20/(time.perf_counter()-t0))
 '''
 
-def test_two_hosts_train(hosts, marker):
-    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link"
+def run_pair(hosts, marker):
+    "Train on both hosts; the reports, outputs and bytes each host sent"
     t0 = [tx(h) for h in hosts]
     ps,d = launch(hosts, _train, marker)
     outs = [p.communicate(timeout=180)[0] for p in ps]
     assert [p.returncode for p in ps]==[0, 0], '\n'.join(o[-2000:] for o in outs)
-    rs = read_reports(d, 2)
+    return read_reports(d, 2),outs,[tx(h)-t for h,t in zip(hosts, t0)]
+
+def shape(hosts, rate):
+    "Limit both ends of the link to `rate` with a token bucket (None: remove the limit)"
+    for n,v,_ in hosts:
+        subprocess.run(['ip', 'netns', 'exec', n, 'tc', 'qdisc', 'del', 'dev', v, 'root'], capture_output=True)
+        if rate: sh('ip', 'netns', 'exec', n, 'tc', 'qdisc', 'add', 'dev', v, 'root', 'tbf', 'rate', rate, 'burst', '64kb', 'latency', '1s')
+
+def test_two_hosts_train(hosts, marker):
+    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; then over a 100 Mbit/s link"
+    rs,outs,sent = run_pair(hosts, marker)
     assert [r['iface'] for r in rs]==[h[1] for h in hosts]
     assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o for h,o in zip(hosts, outs)), outs[0][-2000:]
     for a,b in zip(*[r['w'] for r in rs]): assert torch.equal(a, b)
     assert rs[0]['valid']==rs[1]['valid']
     # 8 steps, each all-reducing 1 MiB of gradients: a ring all-reduce sends about the payload each way
-    sent = [tx(h)-t for h,t in zip(hosts, t0)]
     assert min(sent)>8*(512*513*4), sent
     assert wait_gone(marker, 20)==[]
+    shape(hosts, '100mbit')
+    try: slow,_,_ = run_pair(hosts, marker)
+    finally: shape(hosts, None)
+    for a,b in zip(rs[0]['w'], slow[0]['w']): assert torch.equal(a, b) # the link changes the time, not the numbers
+    assert max(o['Bps'] for o in slow)<=1.1*100e6/8, [o['Bps'] for o in slow] # the shaping is in effect
+    assert min(o['comm'] for o in slow)>max(o['comm'] for o in rs), ([o['comm'] for o in rs], [o['comm'] for o in slow]) # the report sees it
 
 def test_master_unreachable(hosts, marker):
     "Node rank 1 alone: the master never comes; it ends within the timeout, naming the address and port"
@@ -76,7 +100,7 @@ def test_master_unreachable(hosts, marker):
     assert f"the nodes did not meet at {hosts[0][2]}:29999 within 10 s (FASTDDP_TIMEOUT)" in r.stderr, r.stderr[-2000:]
     assert 'never' not in r.stdout
 
-_slow = _train.replace('learn.fit(1)', 'learn.fit(1, cbs=[Slow()])').replace('torch.manual_seed(0)', '''torch.manual_seed(0)
+_slow = _train.replace('cbs=[tc]', 'cbs=[tc, Slow()]').replace('torch.manual_seed(0)', '''torch.manual_seed(0)
 import time
 class Slow(Callback):
     def after_batch(self): report(step=self.iter); time.sleep(1)''')
