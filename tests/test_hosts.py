@@ -1,40 +1,20 @@
 "Two hosts on one machine: network namespaces joined by a veth pair, each with its own address and `fastddp-launch`"
-import os, sys, time, uuid, subprocess, tempfile, pytest, torch
+import os, sys, time, subprocess, tempfile, pytest, torch
 from pathlib import Path
-from fastddp.testing import read_reports
+from fastddp.testing import read_reports, Hosts
 from fastddp.launch import peer_lost
 from conftest import wait_gone
 
-def sh(*cmd): return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-
 @pytest.fixture(scope='module')
 def hosts():
-    "Two namespaces `(name, veth, address)` on a private subnet, removed afterwards whatever happens"
-    tag,net = uuid.uuid4().hex[:6],f'10.{77+os.getpid()%100}.{os.getpid()%250}'
-    hs = [(f'fdh{i}{tag}', f'fdv{i}{tag}', f'{net}.{i}') for i in (1,2)]
-    try:
-        for n,_,_ in hs: sh('ip', 'netns', 'add', n)
-        sh('ip', 'link', 'add', hs[0][1], 'type', 'veth', 'peer', 'name', hs[1][1])
-        for n,v,a in hs:
-            sh('ip', 'link', 'set', v, 'netns', n)
-            sh('ip', '-n', n, 'addr', 'add', f'{a}/24', 'dev', v)
-            for o in (v, 'lo'): sh('ip', '-n', n, 'link', 'set', o, 'up')
-        yield hs
-    finally:
-        for n,_,_ in hs: subprocess.run(['ip', 'netns', 'del', n], capture_output=True) # takes its end of the veth pair with it
+    "Two hosts (network namespaces) for the module's tests"
+    with Hosts() as hs: yield hs
 
-def tx(h): return int(sh('ip', 'netns', 'exec', h[0], 'cat', f'/sys/class/net/{h[1]}/statistics/tx_bytes'))
-
-def launch(hs, code, marker, env=None, largs=()):
-    "Start one `fastddp-launch --nnodes 2` in each namespace; return the Popens and the report folder"
+def launch(hs, code, marker, env=None):
+    "Start one `fastddp-launch --nnodes 2` on each host; return the Popens and the report folder"
     d = tempfile.mkdtemp()
     (Path(d)/'script.py').write_text(code)
-    e = {**os.environ, 'FASTDDP_REPORT_DIR': d, 'PYTHONUNBUFFERED': '1', 'FASTDDP_TIMEOUT': '30', **(env or {})}
-    port = 20000+os.getpid()%10000
-    ps = [subprocess.Popen(['ip', 'netns', 'exec', n, sys.executable, '-m', 'fastddp.launch', '--nnodes', '2', '--node-rank', str(i), '--nproc', '1',
-                            '--master-addr', hs[0][2], '--master-port', str(port), *largs, str(Path(d)/'script.py'), marker],
-                           env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i,(n,_,_) in enumerate(hs)]
-    return ps, d
+    return hs.launch(Path(d)/'script.py', [marker], env={'FASTDDP_REPORT_DIR': d, 'FASTDDP_TIMEOUT': '30', **(env or {})}),d
 
 _train = '''
 import os
@@ -60,31 +40,25 @@ report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.enviro
 
 def run_pair(hosts, marker):
     "Train on both hosts; the reports, outputs and bytes each host sent"
-    t0 = [tx(h) for h in hosts]
+    t0 = [hosts.sent(i) for i in (0,1)]
     ps,d = launch(hosts, _train, marker)
     outs = [p.communicate(timeout=180)[0] for p in ps]
     assert [p.returncode for p in ps]==[0, 0], '\n'.join(o[-2000:] for o in outs)
-    return read_reports(d, 2),outs,[tx(h)-t for h,t in zip(hosts, t0)]
-
-def shape(hosts, rate):
-    "Limit both ends of the link to `rate` with a token bucket (None: remove the limit)"
-    for n,v,_ in hosts:
-        subprocess.run(['ip', 'netns', 'exec', n, 'tc', 'qdisc', 'del', 'dev', v, 'root'], capture_output=True)
-        if rate: sh('ip', 'netns', 'exec', n, 'tc', 'qdisc', 'add', 'dev', v, 'root', 'tbf', 'rate', rate, 'burst', '64kb', 'latency', '1s')
+    return read_reports(d, 2),outs,[hosts.sent(i)-t for i,t in enumerate(t0)]
 
 def test_two_hosts_train(hosts, marker):
     "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; then over a 100 Mbit/s link"
     rs,outs,sent = run_pair(hosts, marker)
-    assert [r['iface'] for r in rs]==[h[1] for h in hosts]
-    assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o for h,o in zip(hosts, outs)), outs[0][-2000:]
+    assert [r['iface'] for r in rs]==[h[1] for h in hosts.hosts]
+    assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o for h,o in zip(hosts.hosts, outs)), outs[0][-2000:]
     for a,b in zip(*[r['w'] for r in rs]): assert torch.equal(a, b)
     assert rs[0]['valid']==rs[1]['valid']
     # 8 steps, each all-reducing 1 MiB of gradients: a ring all-reduce sends about the payload each way
     assert min(sent)>8*(512*513*4), sent
     assert wait_gone(marker, 20)==[]
-    shape(hosts, '100mbit')
+    hosts.shape('100mbit')
     try: slow,_,_ = run_pair(hosts, marker)
-    finally: shape(hosts, None)
+    finally: hosts.shape(None)
     for a,b in zip(rs[0]['w'], slow[0]['w']): assert torch.equal(a, b) # the link changes the time, not the numbers
     assert max(o['Bps'] for o in slow)<=1.1*100e6/8, [o['Bps'] for o in slow] # the shaping is in effect
     assert min(o['comm'] for o in slow)>max(o['comm'] for o in rs), ([o['comm'] for o in rs], [o['comm'] for o in slow]) # the report sees it
@@ -111,10 +85,10 @@ def test_link_down(hosts, marker):
     while not all(o and 'step' in o for o in read_reports(d, 2)): # both ranks train
         assert all(p.poll() is None for p in ps), [p.communicate()[0][-2000:] for p in ps]
         time.sleep(0.5)
-    sh('ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'down')
+    subprocess.run(['ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'down'], check=True)
     t0 = time.time()
     try: outs = [p.communicate(timeout=120)[0] for p in ps]
-    finally: sh('ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'up')
+    finally: subprocess.run(['ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'up'], check=True)
     assert time.time()-t0<2*15+20, time.time()-t0
     assert [p.returncode for p in ps]==[1, 1], '\n'.join(o[-2000:] for o in outs)
     for o in outs: assert peer_lost([l for l in o.splitlines() if ') failed: ' in l][0]), o[-2000:] # the launcher's line names the lost peer
