@@ -23,6 +23,7 @@ from .comm import check_hook, ddp_kwargs, register_hook
 from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
+import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
 
 # %% ../nbs/03_distrib.ipynb #2db502d6
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
