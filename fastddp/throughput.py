@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/throughput.html.md"""
 # %% auto #0
 __all__ = ['gpu_peaks', 'uncounted', 'train_flops', 'uncounted_share', 'device_peak', 'ThroughputMetric', 'Throughput']
 
-# %% ../nbs/05a_throughput.ipynb #82977142
+# %% ../nbs/05a_throughput.ipynb #4fee5e7c
 import time, torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -17,7 +17,7 @@ from .core import *
 from .probe import cpu_peak
 from .eval import all_gather_list, is_distributed
 
-# %% ../nbs/05a_throughput.ipynb #1d80e107
+# %% ../nbs/05a_throughput.ipynb #879e58a1
 _uncounted = (nn.RNNBase,) # `FlopCounterMode` has no formula for the fused RNN ops (LSTM, GRU, RNN)
 
 def uncounted(model):
@@ -51,7 +51,7 @@ def uncounted_share(model, # the plain model
     for h in hs: h.remove()
     return sum(ts)/t
 
-# %% ../nbs/05a_throughput.ipynb #6421f62b
+# %% ../nbs/05a_throughput.ipynb #ad4b55b5
 gpu_peaks = { # dense TFLOP/s by dtype, from NVIDIA's datasheets (see the table above); not run here
     'H100 PCIe': dict(float32=51, tf32=378, bfloat16=756, float16=756),
     'H100': dict(float32=67, tf32=494.5, bfloat16=989.5, float16=989.5),
@@ -70,7 +70,7 @@ def device_peak(dt:str='float32', # the dtype the model computes in
     v = gpu_peaks.get(k, {}).get(dt)
     return None if v is None else v*1e12
 
-# %% ../nbs/05a_throughput.ipynb #52c30d23
+# %% ../nbs/05a_throughput.ipynb #1e6d8439
 class ThroughputMetric(Metric):
     "One total of `Throughput`'s last epoch as a validation metric"
     def __init__(self, tp, key:str): self.tp,self.key = tp,key # the callback, and a key of its `stats[-1]['total']`
@@ -83,7 +83,7 @@ class ThroughputMetric(Metric):
     @property
     def name(self): return self.key
 
-# %% ../nbs/05a_throughput.ipynb #57ff72c5
+# %% ../nbs/05a_throughput.ipynb #4a6306ca
 class Throughput(Callback):
     "Samples/s, batches/s, tokens/s, FLOPs per sample, FLOP/s and MFU of each epoch's training, per rank and in total"
     order = -20 # before the other callbacks' `before_batch`, so the counted batch is the model's own input
@@ -141,6 +141,6 @@ class Throughput(Callback):
         "The last epoch's totals in one line"
         if not self.stats: return 'Throughput: no epoch trained'
         s = self.stats[-1]; o = s['total']
-        mfu = f"MFU {o['mfu']:.2f}" if o['mfu'] is not None else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count, {s['uncounted_share']:.0%} of the forward's time)" if s['uncounted'] else 'MFU unknown (no peak for this device)'
+        mfu = f"MFU {o['mfu']:.2g}" if o['mfu'] is not None else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count, {s['uncounted_share']:.0%} of the forward's time)" if s['uncounted'] else 'MFU unknown (no peak for this device)'
         tok = f", {o['tokens_s']:.0f} tokens/s" if 'tokens_s' in o else ''
         return f"Throughput: {o['samples_s']:.1f} samples/s, {o['batches_s']:.2f} batches/s{tok}, {mfu}"
