@@ -72,7 +72,7 @@ def defers_loss(learn):
     return any(isinstance(o, EpochLoss) for o in learn.cbs)
 
 def exact_steps(learn, n:int): # steps of the epoch that just trained
-    "The smoothed and the raw loss of the epoch's last `n` steps, averaged over the ranks (after `EpochLoss.after_train`)"
+    "The smoothed and the raw loss of the epoch's last `n` steps, averaged over the ranks (once `EpochLoss` has exchanged them)"
     el = first(o for o in learn.cbs if isinstance(o, EpochLoss))
     return [float(o) for o in learn.recorder.losses[-n:]],list(el.step_losses[-n:])
 
