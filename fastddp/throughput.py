@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/throughput.html.md"""
 # %% auto #0
 __all__ = ['gpu_peaks', 'uncounted', 'train_flops', 'uncounted_share', 'device_peak', 'ThroughputMetric', 'Throughput']
 
-# %% ../nbs/05a_throughput.ipynb #1386793e
+# %% ../nbs/05a_throughput.ipynb #0d2d414a
 import time, torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -17,7 +17,7 @@ from .core import *
 from .probe import cpu_peak
 from .eval import all_gather_list, is_distributed
 
-# %% ../nbs/05a_throughput.ipynb #58a1683e
+# %% ../nbs/05a_throughput.ipynb #c36445d1
 _uncounted = (nn.RNNBase,) # `FlopCounterMode` has no formula for the fused RNN ops (LSTM, GRU, RNN)
 
 def uncounted(model):
@@ -51,7 +51,7 @@ def uncounted_share(model, # the plain model
     for h in hs: h.remove()
     return sum(ts)/t
 
-# %% ../nbs/05a_throughput.ipynb #4eba8dc5
+# %% ../nbs/05a_throughput.ipynb #0310aec0
 gpu_peaks = { # dense TFLOP/s by dtype, from NVIDIA's datasheets (see the table above); not run here
     'H100 PCIe': dict(float32=51, tf32=378, bfloat16=756, float16=756),
     'H100': dict(float32=67, tf32=494.5, bfloat16=989.5, float16=989.5),
@@ -70,7 +70,7 @@ def device_peak(dt:str='float32', # the dtype the model computes in
     v = gpu_peaks.get(k, {}).get(dt)
     return None if v is None else v*1e12
 
-# %% ../nbs/05a_throughput.ipynb #28d3bcfb
+# %% ../nbs/05a_throughput.ipynb #b041b945
 class ThroughputMetric(Metric):
     "One total of `Throughput`'s last epoch as a validation metric"
     def __init__(self, tp, key:str): self.tp,self.key = tp,key # the callback, and a key of its `stats[-1]['total']`
@@ -83,7 +83,7 @@ class ThroughputMetric(Metric):
     @property
     def name(self): return self.key
 
-# %% ../nbs/05a_throughput.ipynb #f4103d1e
+# %% ../nbs/05a_throughput.ipynb #05ea96b2
 class Throughput(Callback):
     "Samples/s, batches/s, tokens/s, FLOPs per sample, FLOP/s and MFU of each epoch's training, per rank and in total"
     order = -20 # before the other callbacks' `before_batch`, so the counted batch is the model's own input
