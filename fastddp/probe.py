@@ -90,18 +90,20 @@ def cpu_half(dt): # 'float16' or 'bfloat16' (or the torch dtype)
 
 # %% ../nbs/00a_probe.ipynb #7f6ceaa5
 def matmul_flops(dt:str='float32', # the dtype of the matmul
-                 n:int=2048, # its size (n x n by n x n: 2n^3 FLOPs)
-                 secs:float=1.): # time to spend measuring
-    "FLOP/s of an `n`x`n` matmul in `dt` on this CPU: the best of repeated timings"
+                 ns:tuple=(512,1024,2048), # sizes to try (n x n by n x n: 2n^3 FLOPs); the fastest counts
+                 secs:float=2.): # time to spend measuring, over all sizes
+    "FLOP/s of the fastest square matmul in `dt` on this CPU: the best of repeated timings of each size"
     import torch
-    a,b = torch.randn(n, n, dtype=getattr(torch, dt)),torch.randn(n, n, dtype=getattr(torch, dt))
-    a@b # warm-up: thread pool and allocator
-    best,t_end = float('inf'),time.perf_counter()+secs
-    while True:
-        t0 = time.perf_counter(); a@b; t = time.perf_counter()-t0
-        best = min(best, t) # the best timing is the one least disturbed by other processes
-        if time.perf_counter()>t_end: break
-    return 2*n**3/best
+    best = 0.
+    for n in ns:
+        a,b = torch.randn(n, n, dtype=getattr(torch, dt)),torch.randn(n, n, dtype=getattr(torch, dt))
+        a@b # warm-up: thread pool and allocator
+        t_end = time.perf_counter()+secs/len(ns)
+        while True:
+            t0 = time.perf_counter(); a@b; t = time.perf_counter()-t0
+            best = max(best, 2*n**3/t) # the best timing is the one least disturbed by other processes
+            if time.perf_counter()>t_end: break
+    return best
 
 def cpu_peak(dt:str='float32'): # 'float32', or a half dtype where the CPU has it
     "`matmul_flops(dt)` on this machine, measured once and cached in `cache_file()`"

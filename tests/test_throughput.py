@@ -4,7 +4,7 @@ from torch import nn
 from fastai.basics import DataLoaders, DataLoader, Learner, MSELossFlat, SGD, find_bs
 from fastai.tabular.model import TabularModel
 from fastddp.throughput import Throughput, train_flops
-from fastddp.probe import cpu_peak
+from fastddp.probe import cpu_peak, matmul_flops
 
 def analytic(model, xb):
     "3 x 2 x the multiply-accumulates of `model`'s convolutions and linear layers on `xb`, per sample"
@@ -26,16 +26,21 @@ def test_flops():
         a,f = analytic(m, xb),train_flops(m, xb)/bs
         assert abs(f/a-1)<0.01, (type(m).__name__, f, a)
 
-def test_mfu(tmp_path, monkeypatch):
+def test_mfu(tmp_path, monkeypatch, request):
     monkeypatch.setenv('FASTDDP_CACHE', str(tmp_path))
+    # one thread, probe and fit alike: on a machine whose cores other processes share, one core is more often free than all
+    nt = torch.get_num_threads(); torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(nt))
     torch.manual_seed(0)
-    d,bs = 2048,512
-    x = torch.randn(bs*6, d); ds = list(zip(x, x[:,:1]))
+    d,bs = 1024,512
+    x = torch.randn(bs*4, d); ds = list(zip(x, x[:,:1]))
     dls = DataLoaders(DataLoader(ds, bs=bs, shuffle=True), DataLoader(ds[:bs], bs=bs), device='cpu')
     model = nn.Sequential(*[o for _ in range(4) for o in (nn.Linear(d,d), nn.ReLU())], nn.Linear(d,1))
     learn = Learner(dls, model, loss_func=MSELossFlat(), opt_func=SGD, cbs=Throughput())
     peak = cpu_peak()
-    learn.fit(1, 1e-4)
-    s = learn.throughput.stats[-1]['total']
-    assert s['mfu']==pytest.approx(s['flops_s']/peak)
-    assert 0.5<=s['mfu']<=1.05, (s, peak)
+    learn.fit(2, 1e-4)
+    s = max((o['total'] for o in learn.throughput.stats), key=lambda o: o['mfu']) # the epoch least disturbed by other processes
+    assert s['mfu']==pytest.approx(s['flops_s']/peak) # against the cached probe
+    # other processes share this machine's cores: the probe again after the fit, and the best of both is the peak
+    pk = max(peak, matmul_flops())
+    assert 0.5<=s['flops_s']/pk<=1.05, ([o['total']['flops_s'] for o in learn.throughput.stats], peak, pk)
