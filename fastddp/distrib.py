@@ -24,6 +24,7 @@ from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
 from .watchdog import Heartbeat, guard_exit
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
+import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
 use_slurm() # `srun python train.py`: the ranks come from SLURM's variables, before fastai reads them
 
 # %% ../nbs/03_distrib.ipynb #2db502d6

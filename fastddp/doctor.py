@@ -8,7 +8,8 @@ Docs: https://fastddp.github.io/fastddp/doctor.html.md"""
 __all__ = ['parse_size', 'fmt_size', 'chk', 'status', 'versions', 'packages_check', 'python_check', 'backends', 'backend_check',
            'half_precision', 'precision_check', 'gpus', 'peer_access', 'topo', 'gpu_check', 'peer_check', 'dist_env',
            'env_check', 'port_check', 'shm_check', 'cpu_check', 'host_check', 'slurm_check', 'reach_check', 'checkup',
-           'render_bench', 'render', 'sweep', 'bus_bw', 'copy_bw', 'bench_rank', 'model_bytes', 'run_bench', 'doctor']
+           'render_bench', 'render', 'sweep', 'bus_bw', 'copy_bw', 'bench_rank', 'model_bytes', 'compute_peak',
+           'run_bench', 'doctor']
 
 # %% ../nbs/06_doctor.ipynb #3abea462
 import os, sys, re, math, time, shutil, socket, subprocess, platform
@@ -17,7 +18,8 @@ from pathlib import Path
 from json import dumps
 from fastcore.script import call_parse
 from .core import *
-from .probe import report_cpu
+from .probe import report_cpu, cpu_half, cpu_peak
+from .throughput import device_peak
 from .launch import port_free, free_port
 from .testing import run_ranks, report, RanksFailed
 
@@ -267,6 +269,7 @@ def render_bench(r:dict): # the `bench` part of a report
     ls += [f"  {fmt_size(o['size']):>10} {_fmt_time(o['time_s']):>10} {o['algbw_GBps']:>11.3f} {o['busbw_GBps']:>11.3f} {_fmt_float(o['of_copy']):>11}" for o in r['rows']]
     if 'model' in r: m = r['model']; ls.append(f"  model {m['name']}: gradients {fmt_size(m['size'])}, one all-reduce {_fmt_time(m['time_s'])}, busbw {m['busbw_GBps']:.3f} GB/s ({_fmt_float(m['of_copy'])} of copy)")
     o = r['rows'][-1]
+    if 'compute' in r: ls.append(f"  compute peak ({r['compute']['source']}): "+', '.join(f"{k} {v/1e9:.1f} GFLOP/s" for k,v in r['compute'].items() if k!='source' and v))
     ls.append(f"  at {fmt_size(o['size'])}: busbw {o['busbw_GBps']:.3f} GB/s = {_fmt_float(o['of_copy'])} of the link limit")
     return ls
 
@@ -354,11 +357,17 @@ def model_bytes(name:str): # a torchvision model, such as 'resnet34'
     with torch.device('meta'): m = tvm.get_model(name)
     return 4*sum(p.numel() for p in m.parameters() if p.requires_grad)
 
+# %% ../nbs/06_doctor.ipynb #0fc59743
+def compute_peak():
+    "Peak FLOP/s by dtype: on a CPU a matmul measured here (half precision only where the CPU has it), on a GPU the datasheet's"
+    if has_cuda(): return dict(source='datasheet (not measured)', **{dt:device_peak(dt) for dt in ('float32','tf32','bfloat16','float16')})
+    return dict(source='matmul measured on this CPU', **{dt:cpu_peak(dt) for dt in ('float32','bfloat16','float16') if dt=='float32' or cpu_half(dt)})
+
 # %% ../nbs/06_doctor.ipynb #239747e2
 def run_bench(nproc:int=2, # ranks
               max_size:int=2**28, # the largest message, bytes
               model:str=None): # a torchvision model whose gradients are all-reduced once too
-    "Sweep `all_reduce` on `nproc` ranks started by fastddp's launcher"
+    "Sweep `all_reduce` on `nproc` ranks started by fastddp's launcher; add the compute peak"
     sizes = sweep(max_size)
     if model: sizes.append(model_bytes(model))
     r = run_ranks(f"from fastddp.doctor import bench_rank; bench_rank({sizes!r})", n=nproc, timeout=600)[0]
@@ -369,6 +378,7 @@ def run_bench(nproc:int=2, # ranks
         rows.append(dict(size=s, time_s=t, algbw_GBps=a/1e9, busbw_GBps=b/1e9, of_copy=b/cbw if cbw else None))
     res = dict(nproc=n, backend=r['backend'], copy_GBps=cbw and cbw/1e9, rows=rows[:len(rows)-bool(model)])
     if model: res['model'] = dict(name=model, **rows[-1])
+    res['compute'] = compute_peak()
     return res
 
 # %% ../nbs/06_doctor.ipynb #9166c27a

@@ -45,7 +45,9 @@ def _set(cb, k, v): object.__setattr__(cb, k, v) # `Callback`'s setattr warns th
 class EpochLoss(Callback):
     "Exchange the smoothed training loss's inputs once per epoch instead of at every step"
     order = 12 # after `DistributedTrainer` (11), before `Recorder` (50) logs the epoch
-    def __init__(self): self.rec,self.sm = None,None # while an epoch trains: the recorder, and its own smoother
+    def __init__(self):
+        self.rec,self.sm = None,None # while an epoch trains: the recorder, and its own smoother
+        self.step_losses = [] # the last epoch's loss at each step, averaged over the ranks (what loggers write as `raw_loss`)
 
     def before_train(self):
         if self.rec is not None: self._restore() # a fit that ended with an error left its epoch unfinished
@@ -66,6 +68,7 @@ class EpochLoss(Callback):
         rec,ls = self.rec,self._restore().losses
         if not ls: return
         g = torch.stack(all_gather_list(torch.stack(ls))).mean(0) # each step's loss, averaged over the ranks: one collective
+        self.step_losses = g.tolist()
         vals,self.sm.val,self.sm.count = smoothed(g, self.sm.val, self.sm.count, self.sm.beta)
         rec.losses[self.n0:self.n0+len(vals)] = vals
         self.learn.smooth_loss = self.sm.value # what `Recorder` sets after each step

@@ -221,6 +221,8 @@ def report(self:TimeCost,
     ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} (batch {st['bs']} per rank){eff}",
            f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank {st['straggler']})",
            f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"]
+    tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU
+    if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None): ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
     rs = recommend(st, lim)
     ls += ["recommendations:"]+[f"- {k}: {v}" for k,v in rs] if rs else ["recommendations: none, every factor is within its limit"]
     return Text('\n'.join(ls))

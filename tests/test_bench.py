@@ -77,6 +77,7 @@ def test_saved_result(results):
     md,lo,hi,_ = ratios(r['samples_per_s'])['ddp@2 / raw@2 (vs hand-written DDP)']
     assert md>0 and math.isfinite(md) and lo<=md<=hi
     t = table(r)
+    assert r['flops_per_sample']>0 and r['peak']>0 and '| ddp@2 | 0.' in t # MFU beside samples/s
     assert '| raw@2 |' in t and '| ddp@2 / raw@2 (vs hand-written DDP) |' in t and '| forward |' in t and 'synchronised steps' in t
     l = json.loads((results/'02_launch.json').read_text())
     assert l['kind']=='launch' and all(len(v)==1 and v[0]>0 for v in l['seconds'].values()) and 'torchrun' in l['table']

@@ -57,6 +57,7 @@ def test_bench():
     assert b['nproc']==2
     assert [o['size'] for o in b['rows']]==[2**10, 2**12, 2**14, 2**16, 2**18, 2**20]
     assert b['model']['name']=='resnet18' and b['model']['size']==4*11689512
+    assert b['compute']['float32']>0 # the matmul peak that Throughput's MFU divides by
     for o in b['rows']+[b['model']]:
         assert o['time_s']>0 and o['busbw_GBps']>0
         assert o['busbw_GBps']==pytest.approx(o['algbw_GBps']) # 2(n-1)/n is 1 for 2 ranks
