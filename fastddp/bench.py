@@ -21,7 +21,8 @@ from .testing import run_ranks, report
 from .train import Accumulate
 from .timecost import TimeCost
 from .doctor import run_bench, parse_size, fmt_size
-from .throughput import train_flops, device_peak
+from .throughput import train_flops
+from .probe import device_peak
 
 # %% ../nbs/07_bench.ipynb #a334c3a7
 _adult_cards = dict(workclass=9, education=17, marital_status=8, occupation=16, relationship=7, race=6, sex=3)

@@ -18,8 +18,7 @@ from pathlib import Path
 from json import dumps
 from fastcore.script import call_parse
 from .core import *
-from .probe import report_cpu, cpu_half, cpu_peak
-from .throughput import device_peak
+from .probe import report_cpu, cpu_half, cpu_peak, device_peak
 from .launch import port_free, free_port
 from .testing import run_ranks, report, RanksFailed
 
