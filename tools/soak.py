@@ -39,6 +39,18 @@ def once(cmd, timeout, env):
         out = p.stdout.read() if p.stdout else ''
         return dict(rc=None, secs=time.time()-t0, hung=True, tail=out[-2000:], stacks=st)
 
+def _save(fn, cmd, runs, timeout, command=None):
+    "The soak's summary as a result of the benchmark page"
+    from fastddp.bench import save_result
+    secs = sorted(r['secs'] for r in runs if not r['hung'])
+    rcs = sorted({r['rc'] for r in runs if not r['hung'] and r['rc']!=0})
+    hung,failed = sum(r['hung'] for r in runs),sum(not r['hung'] and r['rc']!=0 for r in runs)
+    tbl = ("| launches | hung (no exit within the bound) | failed | exit codes of the failures | bound (s) | seconds per launch: median (min-max) |\n|---|---|---|---|---|---|\n"
+           f"| {len(runs)} | {hung} | {failed} | {', '.join(map(str, rcs)) or '-'} | {timeout:g} | {secs[len(secs)//2]:.0f} ({secs[0]:.0f}-{secs[-1]:.0f}) |\n\n"
+           f"The launch: `{shlex.join(Path(o).name if o==sys.executable else o for o in cmd)}`, on Python {platform.python_version()}.")
+    save_result(fn, 'soak', f"Soak: {len(runs)} launches of {Path(cmd[-1]).name} under {'torchrun' if 'torch.distributed.run' in cmd else 'fastddp-launch'}",
+                command or 'python tools/soak.py '+shlex.join(sys.argv[1:]), tbl, runs=[{k:v for k,v in r.items() if k!='tail'} for r in runs])
+
 @call_parse
 def main(n:int=100, # launches
          script:str=str(HERE/'soak_user.py'), # the script to launch
@@ -61,15 +73,3 @@ def main(n:int=100, # launches
     hung,failed = sum(r['hung'] for r in runs),sum(not r['hung'] and r['rc']!=0 for r in runs)
     print(f"{n} launches of {shlex.join(cmd)}: {hung} hung, {failed} failed, {n-hung-failed} ok")
     if save: _save(save, cmd, runs, timeout)
-
-def _save(fn, cmd, runs, timeout):
-    "The soak's summary as a result of the benchmark page"
-    from fastddp.bench import save_result
-    secs = sorted(r['secs'] for r in runs if not r['hung'])
-    rcs = sorted({r['rc'] for r in runs if not r['hung'] and r['rc']!=0})
-    hung,failed = sum(r['hung'] for r in runs),sum(not r['hung'] and r['rc']!=0 for r in runs)
-    tbl = ("| launches | hung (no exit within the bound) | failed | exit codes of the failures | bound (s) | seconds per launch: median (min-max) |\n|---|---|---|---|---|---|\n"
-           f"| {len(runs)} | {hung} | {failed} | {', '.join(map(str, rcs)) or '-'} | {timeout:g} | {secs[len(secs)//2]:.0f} ({secs[0]:.0f}-{secs[-1]:.0f}) |\n\n"
-           f"The launch: `{shlex.join(Path(o).name if o==sys.executable else o for o in cmd)}`, on Python {platform.python_version()}.")
-    save_result(fn, 'soak', f"Soak: {len(runs)} launches of {Path(cmd[-1]).name} under {'torchrun' if 'torch.distributed.run' in cmd else 'fastddp-launch'}",
-                'python tools/soak.py '+shlex.join(sys.argv[1:]), tbl, runs=[{k:v for k,v in r.items() if k!='tail'} for r in runs])
