@@ -25,6 +25,7 @@ COMMANDS = [
     f"python tools/soak.py --n 100 --save {D}/10_soak_user.json",
     f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' --save {D}/11_soak_scripts.json",
     f"python tools/bench_hosts.py --rates 1gbit,100mbit --modes ddp,fp16,powersgd,acc4 --reps 5 --save {D}/12_hosts.json",
+    f"python -m fastddp.bench --model tabular --modes ddp,nowatchdog --world-sizes 2 --reps 5 --no-time-cost --save {D}/13_watchdog.json",
 ]
 
 def load(d=RESULTS):
