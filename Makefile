@@ -28,7 +28,7 @@ check: $(BIN)/.ok
 	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
 
 test: check chromium slurm
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra --durations=15
 
 # The docs site: `nbdev-docs` where Quarto is installed, otherwise nbdev's processed notebooks rendered by nbconvert (offline).
 docs: $(BIN)/.ok

@@ -11,7 +11,7 @@ __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_
            'use_slurm', 'init_distrib']
 
 # %% ../nbs/00_core.ipynb #5a53279b
-import os, sys, re, socket, datetime
+import os, sys, re, socket, ipaddress, datetime
 from pathlib import Path
 
 # %% ../nbs/00_core.ipynb #f830cd69
@@ -150,6 +150,11 @@ def route_iface(addr:str): # a host name or IPv4 address
     return next((n for n,a in iface_addrs().items() if a==src), None), src
 
 # %% ../nbs/00_core.ipynb #6ab5e119
+def _loopback(a):
+    "Is `a` a loopback address, or `localhost`, given as such (all the nodes are on this host)?"
+    try: return a=='localhost' or ipaddress.ip_address(a).is_loopback
+    except ValueError: return False # a host name
+
 def pick_iface(master:str, # the master's host name or address
                iface:str=None): # the interface the user chose (`--iface`), if any
     "Set `GLOO_SOCKET_IFNAME` and `NCCL_SOCKET_IFNAME` for a run across hosts; return a line saying what was chosen, or None"
@@ -161,7 +166,7 @@ def pick_iface(master:str, # the master's host name or address
     else:
         name,src = route_iface(master)
         if name is None: return None
-        if src.startswith('127.'): raise DistribError(f"master address {master!r} resolves to {src} on this host, a loopback address the other hosts cannot reach: give the master's address on the network between the hosts (or set GLOO_SOCKET_IFNAME)")
+        if src.startswith('127.') and not _loopback(master): raise DistribError(f"master address {master!r} resolves to {src} on this host, a loopback address the other hosts cannot reach: give the master's address on the network between the hosts (or set GLOO_SOCKET_IFNAME)")
     os.environ['GLOO_SOCKET_IFNAME'] = name
     if not os.environ.get('NCCL_SOCKET_IFNAME'): os.environ['NCCL_SOCKET_IFNAME'] = name
     return f"network interface {name} ({src}), which reaches the master {master}"
