@@ -17,11 +17,14 @@ import fastai.distributed as fd
 from fastai.distributed import ParallelTrainer
 from fastai.callback.progress import ProgressCallback
 from fastai.optimizer import Optimizer
+from fastai.callback.fp16 import MixedPrecision, AMPMode
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from accelerate import Accelerator
 from .core import *
 from .comm import check_hook, ddp_kwargs, register_hook
 from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
+from .shard import Sharded, is_sharded
 from .watchdog import Heartbeat, guard_exit
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
@@ -74,8 +77,15 @@ def __init__(self:DistributedTrainer,
         powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
         step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
+        shard:bool|str=False, # shard parameters, gradients and optimizer state with FSDP2 (ZeRO-3); 'grads': keep the weights gathered from forward to backward (ZeRO-2)
+        shard_modules:list=None, # names of the blocks to shard as units (`learn.model.named_modules()`); None: chosen by size
+        shard_min:int=1_000_000, # smallest number of parameters of an automatic unit
+        shard_offload:bool=False, # keep the shards in CPU memory between uses (FSDP2's CPU offload; GPU only)
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
-    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss')
+    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,shard,shard_modules,shard_min,shard_offload')
+    self.sharded = None # the `Sharded` state, from the first fit to the end of the context
+    if shard not in (False, True, 'grads'): raise DistribError(f"shard={shard!r}: expected True (parameters, gradients and optimizer state) or 'grads' (ZeRO-2)")
+    if shard and (comm_hook or comm_stats): raise DistribError("comm_hook and comm_stats act on DDP's all-reduce: a sharded model reduce-scatters its gradients through FSDP2 instead")
     be = check_backend(backend)
     check_hook(comm_hook, be)
     setup_distrib(backend=be)
@@ -120,7 +130,7 @@ def before_fit(self:DistributedTrainer):
     if self._use_sync_bn():
         try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
         except Exception as e: raise DistribError(f"sync_bn: this model's BatchNorm layers cannot become SyncBatchNorm ({type(e).__name__}: {e}); pass sync_bn=False to distrib_ctx") from e
-    self.learn.model = self.accelerator.prepare(m)
+    self.learn.model = self._shard(m) if self.shard else self.accelerator.prepare(m)
     self.old_dls = list(self.dls)
     self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
     if rank_distrib(): self.learn.logger = noop
@@ -128,10 +138,32 @@ def before_fit(self:DistributedTrainer):
     if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel): register_hook(self)
     if not self.step_loss and not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
 
+# %% ../nbs/03_distrib.ipynb #5a1d0c0e
+@patch
+def _shard(self:DistributedTrainer, m):
+    "Shard `m` with FSDP2 on the first fit of the context; later fits keep the shards and the optimizer on them"
+    if any(isinstance(o, ParallelTrainer) for o in self.learn.cbs): raise DistribError("DataParallel and sharding do not mix: use distrib_ctx(shard=True) alone (one process per device)")
+    if self.sharded is None:
+        off = self.shard_offload and self.accelerator.device.type=='cuda'
+        if self.shard_offload and not off: warn_once("shard_offload keeps the shards in CPU memory between uses of a GPU: on CPU it changes nothing, ignored")
+        self.learn.model = m.to(self.accelerator.device)
+        self.sharded = Sharded(self.learn, self.shard_modules, self.shard_min, reshard=self.shard!='grads', mp_policy=self._mp_policy(), offload=off)
+        rank0_print(f"fastddp: sharded over {world_size()} ranks in {len(self.sharded.units)+1} units ({'ZeRO-2' if self.shard=='grads' else 'ZeRO-3'})")
+    return self.learn.model
+
+# %% ../nbs/03_distrib.ipynb #5a1d0c0f
+@patch
+def _mp_policy(self:DistributedTrainer):
+    "FSDP2's mixed precision for `to_fp16()`/`to_bf16()` on GPU: weights gathered in half precision, gradients reduced in float32"
+    mp = [o for o in self.learn.cbs if isinstance(o, MixedPrecision)]
+    if not mp or self.accelerator.device.type!='cuda': return None # on CPU autocast alone decides (see `fastddp.precision`)
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if mp[0].amp_mode==AMPMode.BF16 else torch.float16, reduce_dtype=torch.float32)
+
 # %% ../nbs/03_distrib.ipynb #807534fb
 @patch
 def after_fit(self:DistributedTrainer):
-    self.learn.model,self.learn.dls.loaders = self.learn.model.module,self.old_dls
+    if not self.shard: self.learn.model = self.learn.model.module # a sharded model stays sharded until the context ends
+    self.learn.dls.loaders = self.old_dls
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
     if self.opt is not None: self.opt.set_to_none = False
 
@@ -172,10 +204,12 @@ def to_distributed(self:Learner, **kwargs):
 
 # %% ../nbs/03_distrib.ipynb #0c13623b
 @patch
-def detach_distributed(self:Learner):
-    "Remove the `DistributedTrainer`, at any world size"
+def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model's full weights (a collective: not after a failure)
+    "Remove the `DistributedTrainer`, at any world size; a sharded model becomes a plain one with the full weights"
     # fastai returned early when `num_distrib()<=1`, leaving the trainer in `learn.cbs` under a 1-process launcher
     if not is_distributed(self): return self
+    sh = [o.sharded for o in self.cbs if isinstance(o, DistributedTrainer) and o.sharded]
+    if sh and gather: sh[0].gather()
     self.remove_cb(DistributedTrainer)
     for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
@@ -191,7 +225,8 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     # `sync_bn`'s doc comes from `DistributedTrainer` (docments reads the comment of the last name on a line)
     backend = kwargs.get('backend')
     check_backend(backend)
-    cleanup = False
+    cleanup,ok = False,False
+    if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
     try:
         if in_notebook and world_size()>1 and not dist.is_initialized():
             setup_distrib(backend=backend)
@@ -199,12 +234,13 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
             rank0_print("Training Learner...")
         if num_distrib(): self.to_distributed(sync_bn=sync_bn, **kwargs)
         yield self
+        ok = True
     except RuntimeError as e:
         # DDP's own message is a paragraph; the one thing to do is to pass the option through `distrib_ctx`
         if 'find_unused_parameters' in str(e): raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): pass find_unused_parameters=True to distrib_ctx") from e
         raise
     finally:
-        self.detach_distributed()
+        self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective
         if cleanup: teardown_distrib()
 
 # %% ../nbs/03_distrib.ipynb #d99f3a5f

@@ -44,7 +44,7 @@ class ScaleLR(Callback):
 
 # %% ../nbs/02d_train.ipynb #0651b9c1
 class Accumulate(Callback):
-    "Step the optimizer every `k` micro-batches; under DDP only the last one's backward all-reduces"
+    "Step the optimizer every `k` micro-batches; under DDP (or sharded) only the last one's backward communicates"
     order,run_valid = MixedPrecision.order-4,False
     def __init__(self, k=2): store_attr()
     def before_fit(self): self.i,self.ctx = 0,None
@@ -52,6 +52,8 @@ class Accumulate(Callback):
         self.i += 1
         m = self.learn.model # DDP decides in the forward pass whether the backward all-reduces: enter `no_sync` before it
         if self.i%self.k and hasattr(m, 'no_sync'): self.ctx = m.no_sync(); self.ctx.__enter__()
+        # a sharded (FSDP2) model keeps the micro-batches' gradients unsharded, and reduce-scatters them with the last one
+        if hasattr(m, 'set_requires_gradient_sync'): m.set_requires_gradient_sync(self.i%self.k==0)
     def after_loss(self): self.learn.loss_grad = self.loss_grad/self.k
     def after_backward(self):
         if self.ctx is not None: self.ctx.__exit__(None, None, None); self.ctx = None
