@@ -167,16 +167,33 @@ def after_fit(self:DistributedTrainer):
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
     if self.opt is not None: self.opt.set_to_none = False
 
+# %% ../nbs/03_distrib.ipynb #5a1d0c11
+@patch
+def after_pred(self:DistributedTrainer):
+    if self.sharded is None: return
+    self.xb = self.learn.xb # the stand-in for `_pad_forwards`
+    if not self.training: self.n_valid += 1
+
+@patch
+def _pad_forwards(self:DistributedTrainer):
+    "Run the forwards this rank is short of in a sharded validation pass, so that every rank joins the same all-gathers"
+    dl = self.learn.dl
+    if self.sharded is None or not isinstance(dl, ExactDL): return
+    with torch.no_grad():
+        for _ in range(max(map(dl.n_batches, range(dl.world_size)))-self.n_valid): self.learn.model(*self.xb)
+
 # %% ../nbs/03_distrib.ipynb #99738b59
 @patch
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, ExactDL)
+    self.n_valid = 0 # forwards of this pass, for `_pad_forwards`
     self.learn.model.to(self.accelerator.device) # `validate`/`get_preds` outside `fit` have not been through `before_fit`
 
 @patch
 def after_validate(self:DistributedTrainer):
     "Combine the ranks' metrics once, before `Recorder` (order 50) reads them"
     rec = getattr(self.learn, 'recorder', None)
+    self._pad_forwards()
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
 # %% ../nbs/03_distrib.ipynb #8c7bec5e

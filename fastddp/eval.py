@@ -41,9 +41,12 @@ class ExactDL(DistributedDL):
         self.n = len(idxs)
         return idxs[slice(*shard(self.n, self.world_size, self.rank))]
 
-    def __len__(self):
-        a,b = shard(self.dl.n, self.world_size, self.rank)
+    def n_batches(self, r:int): # rank
+        "Batches rank `r` takes"
+        a,b = shard(self.dl.n, self.world_size, r)
         return (b-a)//self.bs if self.drop_last else -(-(b-a)//self.bs)
+
+    def __len__(self): return self.n_batches(self.rank)
 
     def to_detach(self, b, cpu=True, gather=True): return to_detach(b, cpu, gather=False)
 
