@@ -71,3 +71,30 @@ def test_hung_rank_times_out(marker):
     assert rs.rc!=0 and time.time()-t0 < 60
     assert "rank 0" in rs.out and "failed" in rs.out
     assert not wait_gone(marker, 10)
+
+# The same script sharded (FSDP2): each rank writes its shards with torch.distributed.checkpoint
+SCK = CK.replace("with learn.distrib_ctx():", "with learn.distrib_ctx(shard=True, shard_min=10):").replace(
+    "report(w=", "report(opt=[{k:v.clone() for k,v in learn.opt.state[p].items() if isinstance(v, torch.Tensor)} for p in learn.model.parameters()], w=")
+
+def test_sharded_resume(tmp_path, marker):
+    "Sharded: a rank killed mid-epoch resumes from the shards to the uninterrupted weights, bit for bit; 2 ranks' checkpoint loads at 3 at an epoch's end, not mid-epoch"
+    import torch
+    ref = run_ranks(SCK, n=2, args=[tmp_path/'ref', 'live', 4, marker])
+    rs = run_ranks(SCK, n=2, args=[tmp_path/'run', 'die', 4, marker], largs=['--max-restarts', '1'])
+    assert [o['restart'] for o in rs]==['1','1'] and "ckpt_e0001_s000002.dcp" in rs.out, rs.out[-2000:]
+    for o in rs: assert torch.equal(_flat(o['w']), _flat(ref[0]['w']))
+    ck = tmp_path/'run'/'checkpoints'
+    names = sorted(o.name for o in ck.iterdir())
+    assert len(names)==2 and names[1]=='ckpt_e0004_s000000.dcp' and names[0].endswith('.dcp') and not names[0].endswith('_s000000.dcp'), names # kept 2 (the older mid-epoch), no temporary left
+    assert len(list((ck/'ckpt_e0004_s000000.dcp').glob('*.distcp')))==2 # one file of shards per rank
+    # at 3 ranks, from the end of the last epoch: the saved weights and Adam's state, resharded
+    three = run_ranks(SCK, n=3, args=[tmp_path/'run', 'live', 4, marker])
+    assert "resuming from" in three.out
+    for o in three:
+        assert torch.equal(_flat(o['w']), _flat(rs[0]['w']))
+        for a,b in zip(o['opt'], rs[0]['opt']): assert a.keys()==b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # mid-epoch at another world size: one clear error
+    import shutil; shutil.rmtree(ck/'ckpt_e0004_s000000.dcp')
+    bad = run_ranks(SCK, n=3, args=[tmp_path/'run', 'live', 4, marker], check=False)
+    assert bad.rc!=0 and "written mid-epoch by 2 rank(s) and this run has 3" in bad.out, bad.out[-2000:]
+    assert not wait_gone(marker, 10)
