@@ -22,6 +22,7 @@ from .train import Accumulate
 from .timecost import TimeCost
 from .doctor import run_bench, parse_size, fmt_size
 from .throughput import train_flops
+from .shard import rank_memory
 from .probe import device_peak
 
 # %% ../nbs/07_bench.ipynb #a334c3a7
@@ -123,12 +124,14 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     ws = world_size()
     class StepTimer(Callback):
         order = 1e10 # after `TimeCost`'s own last marks, and after `DistributedTrainer` has wrapped the model
-        def before_fit(self): self.i,self.ddp = 0,ddp_options(self.learn.model)
+        def before_fit(self): self.i,self.ddp,self.mem = 0,ddp_options(self.learn.model),None
         def after_batch(self):
             if not self.training: return
             self.i += 1
             if self.i==warmup: _sync(); self.t0 = time.perf_counter()
             if self.i==warmup+steps: _sync(); self.t1 = time.perf_counter()
+        def after_step(self):
+            if self.mem is None and self.i+1==warmup+steps: self.mem = rank_memory(self.learn) # before zero_grad drops the gradients
     d = _data(bs*(steps+warmup), size, arch)
     dls = DataLoaders(DataLoader(TensorDataset(*d), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(*[o[:bs] for o in d]), bs=bs//ws)) # on the GPU when there is one
     if not watchdog: os.environ['FASTDDP_STALL'] = '0' # read when `distrib_ctx` adds its callbacks
@@ -138,10 +141,10 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     learn = Learner(dls, m, loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=cbs)
     learn.remove_cb(ProgressCallback)
     ctx = (learn.parallel_ctx() if dp else
-           learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, comm_stats=True, **(ddp or {})) if ws>1 else nullcontext())
+           learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, comm_stats=not (ddp or {}).get('shard'), **(ddp or {})) if ws>1 else nullcontext())
     with ctx: learn.fit(1)
     st = getattr(learn, 'comm_stats', None)
-    res = dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=st.syncs if st else 0, bytes_per_sync=st.bytes_per_sync if st else 0., ddp=tm.ddp)
+    res = dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=st.syncs if st else 0, bytes_per_sync=st.bytes_per_sync if st else 0., ddp=tm.ddp, mem=tm.mem)
     if time_cost: res['phases'] = {p:v[0][0] for p,v in learn.time_cost.stats()['phases'].items()}
     return res
 
@@ -166,6 +169,9 @@ def runs(ms, wss=(2,)):
             k = 'single' if m=='ddp' and w==1 else m if m in _one else f'{m}@{w}'
             if k not in res: res.append(k)
     return res
+
+# %% ../nbs/07_bench.ipynb #7c3d0b02
+modes.update(shard=(run_fastai, dict(ddp=dict(shard=True, shard_min=100_000))), shard_grads=(run_fastai, dict(ddp=dict(shard='grads', shard_min=100_000))))
 
 # %% ../nbs/07_bench.ipynb #16f50ef2
 def bench_worker(run, time_cost=False, **kw):
@@ -211,7 +217,7 @@ def bench(ms=('single','raw','ddp'), # runs (`mode@n`) or modes, interleaved
         o = run_mode(k, time_cost, **kw)
         sps[k].append(o['samples_per_s'])
         if o.get('phases'): phases.setdefault(k, []).append(o['phases'])
-        comm[k] = dict(syncs=o['syncs'], bytes_per_sync=o['bytes_per_sync'], ddp=o['ddp']) # the same in every repetition
+        comm[k] = dict(syncs=o['syncs'], bytes_per_sync=o['bytes_per_sync'], ddp=o['ddp'], mem=o.get('mem')) # the same in every repetition
     phases = {k:{p:statistics.median(o[p] for o in v) for p in v[0]} for k,v in phases.items()}
     return dict(samples_per_s=sps, phases=phases, comm=comm, workload=kw, flops_per_sample=model_flops(kw.get('arch','resnet18'), kw.get('size',64)), peak=device_peak('float32'))
 
@@ -256,6 +262,14 @@ def table(r:dict): # `bench`'s result (or the JSON `--save` wrote)
         for k,o in comm.items():
             d = o['ddp'] or {}
             ls.append(f"| {k} | {o['syncs']} | {_mib(o['bytes_per_sync'])} | {_mib(d['bucket_bytes_cap']) if d else ''} | {d.get('static_graph', '')} | {d.get('gradient_as_bucket_view', '')} |")
+    mem = {k:o['mem'] for k,o in (comm or {}).items() if o.get('mem')}
+    if mem:
+        ls += ["", "| run | MiB per rank: parameters | gradients | optimizer state | peak | vs DDP (parameters + gradients + optimizer) |", "|---|---|---|---|---|---|"]
+        tot = lambda m: m['params']+m['grads']+m['opt']
+        for k,m in mem.items():
+            d = mem.get(f"ddp@{k.partition('@')[2]}")
+            ls.append(f"| {k} | {m['params']:.2f} | {m['grads']:.2f} | {m['opt']:.2f} | {m['peak']:.2f} |" if 'peak' in m else f"| {k} | {m['params']:.2f} | {m['grads']:.2f} | {m['opt']:.2f} | |")
+            ls[-1] += f" {tot(m)/tot(d):.2f} |" if d and k!=f"ddp@{k.partition('@')[2]}" else " |"
     if r.get('flops_per_sample') is not None or 'peak' in r:
         f = r.get('flops_per_sample')
         ls += ["", f"| run | MFU (median; model FLOPs {f'{f/1e6:.2f} MFLOPs per sample' if f else 'unknown: no count for the LSTM'}, peak {r['peak']/1e9:.1f} GFLOP/s float32) |", "|---|---|"]
@@ -373,7 +387,7 @@ def main(model:str='resnet18', # workload: a torchvision model on images, 'tabul
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog
+         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog shard shard_grads
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side
          png:str='bench.png', # the chart (empty: none)

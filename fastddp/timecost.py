@@ -13,6 +13,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from .core import *
 from .eval import all_gather_list, is_distributed
+from .shard import rank_memory
 
 # %% ../nbs/05_timecost.ipynb #eb13fea5
 phases = ('data','forward','backward','comm','step','callbacks','other')
@@ -85,7 +86,7 @@ class TimeCost(Callback):
             if isinstance(cb, DistributedTrainer): cb.comm_stats = True
         self.end = TimeEnd(self)
         self.learn.add_cb(self.end)
-        self.raw,self.steps,self.bs,self.timeline = [],[],[],[]
+        self.raw,self.steps,self.bs,self.timeline,self.mem = [],[],[],[],None
 
     def before_train(self):
         dev = getattr(self.dls, 'device', None) or default_device()
@@ -113,7 +114,10 @@ class TimeCost(Callback):
     def after_backward(self): self.mark('callbacks')
     def before_step(self): self.mark('callbacks')
     def after_cancel_step(self): self.mark('callbacks')
-    def after_step(self): self.mark('callbacks')
+    def after_step(self):
+        # what this rank holds, once: after the first step the gradients and the optimizer's state exist, as at every later one
+        if self.mem is None: self.mem = rank_memory(self.learn)
+        self.mark('callbacks')
     def after_cancel_batch(self): self.mark('callbacks')
     def after_batch(self): self.mark('callbacks')
 
@@ -142,7 +146,8 @@ class TimeCost(Callback):
         st = getattr(self.learn, 'comm_stats', None)
         dl = self.dls.train
         me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
-                  comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0), cuda=self.clock.cuda)
+                  comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0), cuda=self.clock.cuda,
+                  mem=self.mem or rank_memory(self.learn))
         dt = is_distributed(self.learn)
         self.ranks = all_gather_list(me) if dt else [me]
         if not is_rank0(): return
@@ -221,6 +226,8 @@ def report(self:TimeCost,
     ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} (batch {st['bs']} per rank){eff}",
            f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank {st['straggler']})",
            f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"]
+    mem = [r['mem'] for r in self.ranks]
+    ls.append("memory per rank (MiB, live tensors): "+'; '.join(f"rank {i}: parameters {m['params']:.1f}, gradients {m['grads']:.1f}, optimizer {m['opt']:.1f}"+(f", peak {m['peak']:.1f}" if 'peak' in m else '') for i,m in enumerate(mem)))
     tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU
     if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None): ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
     rs = recommend(st, lim)
