@@ -19,6 +19,7 @@ from .train import ScaleLR, Accumulate
 from .precision import amp_dtype
 from .distrib import rank0_first
 from .checkpoint import Checkpoint
+from .shard import is_sharded
 from .timecost import TimeCost
 
 # %% ../nbs/08_script.ipynb #78e23618
@@ -65,11 +66,11 @@ class EpochTimer(Callback):
 
 # %% ../nbs/08_script.ipynb #704a8a60
 class WrapRecorder(Callback):
-    "The class name of the wrapper the model trained in (`DataParallel`, `DistributedDataParallel`), None when it trained bare"
+    "The wrapper the model trained in (`DataParallel`, `DistributedDataParallel`, or `FSDP` when sharded), None when it trained bare"
     wrapper = None
     def before_train(self): # after every callback's `before_fit`, where fastai's trainers wrap the model
         m = self.learn.model
-        self.wrapper = type(m).__name__ if isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else None
+        self.wrapper = type(m).__name__ if isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else 'FSDP' if is_sharded(m) else None
 
 # %% ../nbs/08_script.ipynb #d82defcb
 def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
@@ -89,9 +90,13 @@ def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
 # %% ../nbs/08_script.ipynb #8a0bf71c
 def run_ctx(learn, dp:bool=False, # DataParallel instead of DDP (only without a launcher)
             fp16:bool=False, # mixed precision: float16 on GPU, bfloat16 on a CPU that computes it natively (else float32: `fastddp.precision`)
+            shard:bool=False, # shard parameters, gradients and optimizer state (FSDP2, ZeRO-3)
+            shard_grads:bool=False, # shard gradients and optimizer state, weights gathered from forward to backward (ZeRO-2)
             **kwargs): # passed to `distrib_ctx`
     "The context a script trains in: `distrib_ctx` (one process outside a launcher), or `parallel_ctx` with `dp`"
     if fp16: learn.to_fp16() if has_cuda() else learn.to_bf16() # what was used goes into `summary`'s 'precision'
+    if dp and (shard or shard_grads): raise ScriptError("--dp and --shard do not mix: sharding needs one process per device (start the script under a launcher)")
+    if shard or shard_grads: kwargs['shard'] = 'grads' if shard_grads else True
     return learn.parallel_ctx() if dp and not world_size()>1 else learn.distrib_ctx(**kwargs)
 
 # %% ../nbs/08_script.ipynb #3adbdf39

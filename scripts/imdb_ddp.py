@@ -19,6 +19,8 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
          fp16:bool=False, # mixed precision (bfloat16 on CPU)
          comm_hook:str=None, # compress DDP's gradients: 'fp16' or 'powersgd' (faster all-reduce, changes the numbers)
          dp:bool=False, # DataParallel over the visible GPUs instead of DDP (without a launcher)
+         shard:bool=False, # shard parameters, gradients and optimizer state across the processes (FSDP2, ZeRO-3): for a model that does not fit one device
+         shard_grads:bool=False, # shard gradients and optimizer state only (ZeRO-2): more memory than --shard, less communication
          seed:int=42, # random seed
          out:str=None, # folder for metrics.json and export.pkl
          checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
@@ -39,6 +41,6 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
         except offline_errors as e: raise ScriptError(f"no pretrained WT103 weights (could not download them: {type(e).__name__}: {e}): they download into ~/.fastai/models once online; or pass --no-pretrained") from e
         t0 = time.time()
         # AWD-LSTM's fine_tune leaves parameters without gradients while frozen: DDP must look for them
-        with run_ctx(learn, dp, fp16, comm_hook=comm_hook, find_unused_parameters=True): learn.fine_tune(epochs, lr)
+        with run_ctx(learn, dp, fp16, shard, shard_grads, comm_hook=comm_hook, find_unused_parameters=True): learn.fine_tune(epochs, lr)
         finish(learn, 'imdb', epochs, time.time()-t0, len(dls.train_ds), out)
     run_main(_run)

@@ -17,6 +17,8 @@ def main(data:str=None, # `adult_sample` folder in fastai's layout (default: dow
          fp16:bool=False, # mixed precision (bfloat16 on CPU)
          comm_hook:str=None, # compress DDP's gradients: 'fp16' or 'powersgd' (faster all-reduce, changes the numbers)
          dp:bool=False, # DataParallel over the visible GPUs instead of DDP (without a launcher)
+         shard:bool=False, # shard parameters, gradients and optimizer state across the processes (FSDP2, ZeRO-3): for a model that does not fit one device
+         shard_grads:bool=False, # shard gradients and optimizer state only (ZeRO-2): more memory than --shard, less communication
          seed:int=42, # random seed
          out:str=None, # folder for metrics.json and export.pkl
          checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
@@ -31,6 +33,6 @@ def main(data:str=None, # `adult_sample` folder in fastai's layout (default: dow
             cat_names=['workclass','education','marital-status','occupation','relationship','race'], cont_names=['age','fnlwgt','education-num'])
         learn = tabular_learner(dls, metrics=accuracy, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         t0 = time.time()
-        with run_ctx(learn, dp, fp16, comm_hook=comm_hook): learn.fit_one_cycle(epochs, lr)
+        with run_ctx(learn, dp, fp16, shard, shard_grads, comm_hook=comm_hook): learn.fit_one_cycle(epochs, lr)
         finish(learn, 'tabular', epochs, time.time()-t0, len(dls.train_ds), out)
     run_main(_run)

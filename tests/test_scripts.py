@@ -120,3 +120,13 @@ def test_imdb_no_weights(tmp_path):
     (tmp_path/'file').write_text('a file where a folder should be')
     p = _run('imdb_ddp.py', args, {**env, 'FASTAI_HOME': str(tmp_path/'file'/'fastai')})
     assert p.returncode==1 and "WT103" not in p.stderr and ("NotADirectoryError" in p.stderr or "FileExistsError" in p.stderr), p.stderr[-2000:]
+
+def test_script_shard(tmp_path):
+    "--shard: the pets script fine-tunes sharded (FSDP2) under 2 ranks, reports each rank's memory, and exports a plain learner"
+    fn,args = CASES['pets']
+    rs = run_ranks(str(S/fn), n=2, launcher='fastddp', args=args+['--shard', '--time-cost', '--out', tmp_path/'o'], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
+    m = json.loads((tmp_path/'o'/'metrics.json').read_text())
+    assert m['wrapper']=='FSDP' and m['world_size']==2
+    assert "fastddp: sharded over 2 ranks" in rs.out and rs.out.count("memory per rank (MiB, live tensors): rank 0: parameters")==2 # a report per fit
+    p = subprocess.run([sys.executable, '-c', EVAL, str(tmp_path/'o'/'export.pkl'), 'pets', ''], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode==0, p.stderr[-2000:]
