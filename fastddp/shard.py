@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/shard.html.md"""
 __all__ = ['auto_units', 'check_units', 'bcast', 'BufferSync', 'shard_model', 'is_sharded', 'remap_opt', 'map_state', 'to_shard',
            'to_full', 'meta_clone', 'full_state', 'Sharded', 'mem_stats', 'unit_mib', 'peak_mib', 'rank_memory']
 
-# %% ../nbs/02h_shard.ipynb #1634fd21
+# %% ../nbs/02h_shard.ipynb #18702157
 import itertools, cloudpickle
 from copy import deepcopy
 from collections import defaultdict
@@ -21,7 +21,7 @@ from fastai.basics import *
 from fastai.optimizer import OptimWrapper
 from .core import *
 
-# %% ../nbs/02h_shard.ipynb #c08b3137
+# %% ../nbs/02h_shard.ipynb #addeebf0
 def _owners(model):
     "The names each parameter appears under: `{id: [names]}`"
     res = defaultdict(list)
@@ -32,7 +32,7 @@ def _unit_of(name, units):
     "The innermost unit in `units` that holds parameter `name` ('' is the root)"
     return max((u for u in ['', *units] if u=='' or name.startswith(u+'.')), key=len)
 
-# %% ../nbs/02h_shard.ipynb #a3126f9e
+# %% ../nbs/02h_shard.ipynb #fd38626c
 def auto_units(model:nn.Module, # the model to shard
                min_params:int=1_000_000): # smallest number of parameters of a unit
     "Names of the blocks to shard as units, innermost first: those reaching `min_params` of parameters no smaller unit holds"
@@ -45,14 +45,14 @@ def auto_units(model:nn.Module, # the model to shard
     _walk(model, '')
     return res
 
-# %% ../nbs/02h_shard.ipynb #14c069f0
+# %% ../nbs/02h_shard.ipynb #7a685806
 def check_units(model, units):
     "Raise one clear error when a parameter is shared by two shard units"
     for ks in _owners(model).values():
         us = {_unit_of(k, units) or '<root>' for k in ks}
         if len(us)>1: raise DistribError(f"parameter {ks[0]} is shared by the shard units {', '.join(sorted(us))} (as {', '.join(ks)}): choose shard_modules that keep its uses in one unit")
 
-# %% ../nbs/02h_shard.ipynb #e8c58553
+# %% ../nbs/02h_shard.ipynb #5618261d
 def bcast(ts, src=0):
     "Broadcast the tensors `ts` from rank `src` in place, one flat message per dtype"
     for dt in dict.fromkeys(t.dtype for t in ts): # the same order on every rank (a set's order follows hashes)
@@ -61,7 +61,7 @@ def bcast(ts, src=0):
         dist.broadcast(flat, src)
         for t,f in zip(g, torch._utils._unflatten_dense_tensors(flat, g)): t.copy_(f)
 
-# %% ../nbs/02h_shard.ipynb #c34deeef
+# %% ../nbs/02h_shard.ipynb #f212525c
 def _grad_sync(m):
     "Will the backward after this forward reduce the gradients? False while `Accumulate` has turned FSDP2's sync off"
     # FSDP2 has a setter (`set_requires_gradient_sync`) but no getter: its parameter groups hold the flag
@@ -79,7 +79,7 @@ class BufferSync:
     def remove(self):
         for h in self.hooks: h.remove()
 
-# %% ../nbs/02h_shard.ipynb #1b82d42b
+# %% ../nbs/02h_shard.ipynb #dea73650
 def shard_model(model:nn.Module, # the model, on this rank's device
                 units:list=None, # names of the blocks to shard as units; None: `auto_units`
                 min_params:int=1_000_000, # smallest unit, for `auto_units`
@@ -99,12 +99,12 @@ def shard_model(model:nn.Module, # the model, on this rank's device
     fully_shard(model, **kw)
     return units
 
-# %% ../nbs/02h_shard.ipynb #fdef6ed1
+# %% ../nbs/02h_shard.ipynb #040c3b37
 def is_sharded(model):
     "Is `model` sharded by FSDP2?"
     return isinstance(model, FSDPModule)
 
-# %% ../nbs/02h_shard.ipynb #aed23068
+# %% ../nbs/02h_shard.ipynb #4d4c1fb5
 def _states(opt):
     "The per-parameter state dicts of `opt`: fastai's, and the torch optimizer's behind an `OptimWrapper`"
     return [opt.state]+([opt.opt.state] if isinstance(opt, OptimWrapper) else [])
@@ -122,7 +122,7 @@ def map_state(opt, f):
         for p,d in st.items():
             for k,v in d.items(): d[k] = f(v, p)
 
-# %% ../nbs/02h_shard.ipynb #b6a0a35a
+# %% ../nbs/02h_shard.ipynb #8bfe8639
 def to_shard(v, p):
     "State `v` laid out like the sharded parameter `p` (tensors of `p`'s shape; others unchanged)"
     if not isinstance(p, DTensor) or not isinstance(v, torch.Tensor) or isinstance(v, DTensor) or v.shape!=p.shape: return v
@@ -132,19 +132,19 @@ def to_full(v, p=None):
     "A sharded tensor gathered whole (a collective); anything else unchanged"
     return v.full_tensor() if isinstance(v, DTensor) else v
 
-# %% ../nbs/02h_shard.ipynb #aa170682
+# %% ../nbs/02h_shard.ipynb #77aa1c6c
 def meta_clone(model):
     "A copy of `model` with every parameter and buffer on the meta device: its structure, for no memory"
     memo = {id(t): nn.Parameter(torch.empty_like(t, device='meta'), t.requires_grad) if isinstance(t, nn.Parameter) else torch.empty_like(t, device='meta')
             for t in itertools.chain(model.parameters(), model.buffers())}
     return deepcopy(model, memo)
 
-# %% ../nbs/02h_shard.ipynb #e1e5f361
+# %% ../nbs/02h_shard.ipynb #3a66fd18
 def full_state(model, cpu:bool=True):
     "The whole state dict of a sharded `model` on every rank (a collective), in CPU memory when `cpu`"
     return {k: (to_full(v).cpu() if cpu else to_full(v)) for k,v in model.state_dict().items()}
 
-# %% ../nbs/02h_shard.ipynb #1511a2d8
+# %% ../nbs/02h_shard.ipynb #3adaaf02
 class Sharded:
     "Shard `learn`'s model and point its optimizer at the shards; `gather` ends it with a plain model holding the full weights"
     def __init__(self, learn, units=None, min_params=1_000_000, reshard=True, mp_policy=None, offload=False):
@@ -169,7 +169,7 @@ class Sharded:
             remap_opt(learn.opt, {id(p): new[k] for k,p in m.named_parameters()})
         learn.model = self.plain
 
-# %% ../nbs/02h_shard.ipynb #01de5619
+# %% ../nbs/02h_shard.ipynb #19e19609
 def _mib(ts):
     loc = lambda t: t.to_local() if isinstance(t, DTensor) else t
     return sum(loc(t).numel()*loc(t).element_size() for t in ts)/2**20
@@ -180,7 +180,7 @@ def mem_stats(model, opt=None):
     st = [v for d in (_states(opt) if opt is not None else []) for o in d.values() for v in o.values() if isinstance(v, torch.Tensor)]
     return dict(params=_mib(ps), grads=_mib(p.grad for p in ps if p.grad is not None), opt=_mib(st))
 
-# %% ../nbs/02h_shard.ipynb #10d5b023
+# %% ../nbs/02h_shard.ipynb #9563282c
 def unit_mib(model, units):
     "Full MiB of parameters each unit gathers (the root: what no other unit holds)"
     res = defaultdict(float)
@@ -197,7 +197,7 @@ def peak_mib(model, opt, units, reshard=True):
     u = unit_mib(model, units).values()
     return sum(st.values()) + 2*(max(u) if reshard else sum(u))
 
-# %% ../nbs/02h_shard.ipynb #6b4d3269
+# %% ../nbs/02h_shard.ipynb #1bd23cb4
 def rank_memory(learn):
     "MiB `learn` holds on this rank (parameters, gradients, optimizer state) and its peak: measured on a GPU, computed on CPU when sharded"
     res = mem_stats(learn.model, learn.opt)
@@ -207,7 +207,7 @@ def rank_memory(learn):
     elif sh: res['peak'] = peak_mib(learn.model, learn.opt, sh[0].units, sh[0].reshard)
     return res
 
-# %% ../nbs/02h_shard.ipynb #bb96536c
+# %% ../nbs/02h_shard.ipynb #cf27c060
 _learner_save,_learner_load,_learner_export = Learner.save,Learner.load,Learner.export
 
 def _full_opt(opt):
@@ -229,7 +229,7 @@ def save(self:Learner, file, with_opt=True, pickle_protocol=2, **kwargs):
     dist.barrier() # nobody reads it before it is written
     return file
 
-# %% ../nbs/02h_shard.ipynb #72d81166
+# %% ../nbs/02h_shard.ipynb #471a8170
 @patch
 @delegates(load_model)
 def load(self:Learner, file, device=None, with_opt=True, strict=True, **kwargs):
@@ -247,7 +247,7 @@ def load(self:Learner, file, device=None, with_opt=True, strict=True, **kwargs):
         map_state(self.opt, to_shard)
     return self
 
-# %% ../nbs/02h_shard.ipynb #75709472
+# %% ../nbs/02h_shard.ipynb #ab34c69d
 @patch
 def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
     "Export the learner for inference; a sharded model is gathered by every rank and exported by rank 0 as a plain module"
