@@ -20,7 +20,7 @@ from fastai.distributed import *
 from .core import *
 from .eval import all_gather_list
 from .watchdog import beat
-from .shard import is_sharded
+from .shard import is_sharded, holder, state_dicts
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -79,14 +79,17 @@ def load_latest(path):
 
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a02
 def _opt_entries(learn):
-    "Each parameter's optimizer state as `{'fastai.NAME.KEY' or 'torch.NAME.KEY': value}` (fastai's, and the torch optimizer's behind an `OptimWrapper`)"
+    "The optimizer's state as `{'fastai.NAME.KEY' or 'torch.NAME.KEY': value}`, and `Lookahead`'s slow weights as 'slow.NAME.w'"
     opt,names = learn.opt,{id(p):k for k,p in learn.model.named_parameters()}
-    sts = [('fastai', opt.state)]+([('torch', opt.opt.state)] if isinstance(opt, OptimWrapper) else [])
-    return {f'{w}.{names[id(p)]}.{k}': v for w,st in sts for p,d in st.items() for k,v in d.items()}
+    res = {f'{w}.{names[id(p)]}.{k}': v for w,st in state_dicts(opt) for p,d in st.items() for k,v in d.items()}
+    for ss,ps in zip(getattr(opt, 'slow_weights', None) or [], opt.param_lists): res.update({f'slow.{names[id(p)]}.w': o for o,p in zip(ss, ps)})
+    return res
 
 def _hypers(opt):
-    "The optimizer's hyper-parameters per group"
-    return [{k:v for k,v in g.items() if k!='params'} for g in opt.opt.param_groups] if isinstance(opt, OptimWrapper) else list(opt.hypers)
+    "The optimizer's hyper-parameters per group, and `Lookahead`'s step count"
+    o = holder(opt)
+    hs = [{k:v for k,v in g.items() if k!='params'} for g in o.opt.param_groups] if isinstance(o, OptimWrapper) else list(o.hypers)
+    return dict(groups=hs, count=getattr(opt, 'count', None))
 
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a03
 def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the shards
@@ -116,15 +119,19 @@ def load_sharded(learn, fn, meta:dict):
     "Load the sharded checkpoint folder `fn` into `learn`'s sharded model and its optimizer, at this run's world size"
     md = dcp.FileSystemReader(fn).read_metadata().state_dict_metadata
     ps = dict(learn.model.named_parameters())
+    names = {id(p):k for k,p in ps.items()}
     st = {'model': learn.model.state_dict(), 'opt': {k[4:]: _alloc(k[4:], v, ps) for k,v in md.items() if k.startswith('opt.')}}
     dcp.load(st, storage_reader=dcp.FileSystemReader(fn))
     learn.model.load_state_dict(st['model'])
-    opt = learn.opt
-    sts = {'fastai': opt.state, 'torch': opt.opt.state if isinstance(opt, OptimWrapper) else None}
+    opt,o = learn.opt,holder(learn.opt)
+    sts,slow = dict(state_dicts(opt)),{}
     for k,v in {**st['opt'], **meta['opt_other']}.items():
         w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
-        sts[w][ps[name]][key] = v
-    for g,h in zip(opt.opt.param_groups if isinstance(opt, OptimWrapper) else opt.hypers, meta['hypers']): g.update(h)
+        if w=='slow': slow[name] = v
+        else: sts[w][ps[name]][key] = v
+    for g,h in zip(o.opt.param_groups if isinstance(o, OptimWrapper) else o.hypers, meta['hypers']['groups']): g.update(h)
+    if slow: opt.slow_weights = L(L(slow[k] for k in [names[id(p)] for p in pg]) for pg in opt.param_lists)
+    if meta['hypers']['count'] is not None: opt.count = meta['hypers']['count']
 
 # %% ../nbs/03a_checkpoint.ipynb #597169bd
 @dataclass
