@@ -24,7 +24,7 @@ from .core import *
 from .comm import check_hook, ddp_kwargs, register_hook
 from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
-from .shard import Sharded, is_sharded
+from .shard import Sharded
 from .watchdog import Heartbeat, guard_exit
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
