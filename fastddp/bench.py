@@ -171,7 +171,7 @@ def runs(ms, wss=(2,)):
     return res
 
 # %% ../nbs/07_bench.ipynb #7c3d0b02
-modes.update(shard=(run_fastai, dict(ddp=dict(shard=True, shard_min=100_000))), shard_grads=(run_fastai, dict(ddp=dict(shard='grads', shard_min=100_000))))
+modes.update(shard=(run_fastai, dict(ddp=dict(shard=True))), shard_grads=(run_fastai, dict(ddp=dict(shard='grads')))) # the default units
 
 # %% ../nbs/07_bench.ipynb #16f50ef2
 def bench_worker(run, time_cost=False, **kw):
