@@ -93,3 +93,20 @@ def test_link_down(hosts, marker):
     assert [p.returncode for p in ps]==[1, 1], '\n'.join(o[-2000:] for o in outs)
     for o in outs: assert peer_lost([l for l in o.splitlines() if ') failed: ' in l][0]), o[-2000:] # the launcher's line names the lost peer
     assert wait_gone(marker, 20)==[]
+
+def test_host_killed(hosts, marker):
+    "One host's launcher and its workers are killed mid-run (the machine is gone): the other ends within the timeout, naming the lost rank, and no process is left"
+    import psutil, signal
+    ps,d = launch(hosts, _slow, marker, env={'FASTDDP_TIMEOUT': '15'})
+    while not all(o and 'step' in o for o in read_reports(d, 2)): # both ranks train
+        assert all(p.poll() is None for p in ps), [p.communicate()[0][-2000:] for p in ps]
+        time.sleep(0.5)
+    # torch's agent starts each worker in its own session: the tree by parent PIDs, not the process group
+    tree = [psutil.Process(ps[1].pid)]; tree += tree[0].children(recursive=True)
+    for p in tree: p.send_signal(signal.SIGKILL)
+    t0 = time.time()
+    out = ps[0].communicate(timeout=120)[0]; ps[1].communicate()
+    assert time.time()-t0<2*15, time.time()-t0
+    assert ps[0].returncode==1, out[-2000:]
+    assert f"fastddp-launch: no rank on this node failed by itself: it lost its peer at {hosts[1][2]} on another node" in out, out[-2000:]
+    assert wait_gone(marker, 20)==[]
