@@ -22,7 +22,7 @@ from fastai.basics import *
 from fastai.distributed import *
 import fastddp
 from fastddp.testing import report
-from fastddp.timecost import TimeCost
+from fastddp.timecost import TimeCost, recommend
 from fastddp.distrib import setup_distrib
 import time, torch.distributed as dist
 torch.manual_seed(0)
@@ -30,12 +30,12 @@ x = torch.randn(256,512); ds = list(zip(x, x[:,:1]))
 learn = Learner(DataLoaders(DataLoader(ds, bs=16), DataLoader(ds[:32], bs=16), device='cpu'), nn.Sequential(nn.Linear(512,512), nn.Linear(512,1)), loss_func=MSELossFlat())
 tc = TimeCost(show=False)
 with learn.distrib_ctx(): learn.fit(1, cbs=[tc])
-ph = {p:v[0][0] for p,v in tc.stats()['phases'].items()}
+st = tc.stats(); ph = {p:v[0][0] for p,v in st['phases'].items()}
 setup_distrib(); t = torch.ones(2**20) # 4 MiB
 dist.all_reduce(t); dist.barrier(); t0 = time.perf_counter()
 for _ in range(3): dist.all_reduce(t)
 report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.environ.get('GLOO_SOCKET_IFNAME'), valid=learn.recorder.values[-1][1],
-       comm=ph['comm']/sum(ph.values()), Bps=3*4*2**20/(time.perf_counter()-t0))
+       comm=ph['comm']/sum(ph.values()), mbit=st['comm_mbit'], advice=dict(recommend(st)).get('comm'), Bps=3*4*2**20/(time.perf_counter()-t0))
 '''
 
 def run_pair(hosts, marker):
@@ -47,7 +47,7 @@ def run_pair(hosts, marker):
     return read_reports(d, 2),outs,[hosts.sent(i)-t for i,t in enumerate(t0)]
 
 def test_two_hosts_train(hosts, marker):
-    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; then over a 100 Mbit/s link"
+    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; then over a 100 Mbit/s link, which TimeCost measures and advises on"
     rs,outs,sent = run_pair(hosts, marker)
     assert [r['iface'] for r in rs]==[h[1] for h in hosts.hosts]
     assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o for h,o in zip(hosts.hosts, outs)), outs[0][-2000:]
@@ -62,6 +62,9 @@ def test_two_hosts_train(hosts, marker):
     for a,b in zip(rs[0]['w'], slow[0]['w']): assert torch.equal(a, b) # the link changes the time, not the numbers
     assert max(o['Bps'] for o in slow)<=1.1*100e6/8, [o['Bps'] for o in slow] # the shaping is in effect
     assert min(o['comm'] for o in slow)>max(o['comm'] for o in rs), ([o['comm'] for o in rs], [o['comm'] for o in slow]) # the report sees it
+    # TimeCost measures the link's rate in the training steps, and its advice quotes it, compression first, then the accumulation that meets the limit
+    assert max(o['mbit'] for o in slow)<=1.1*100<min(o['mbit'] for o in rs), ([o['mbit'] for o in rs], [o['mbit'] for o in slow])
+    for o in slow: assert f"an effective {o['mbit']:,.0f} Mbit/s, a slow link (below 1,000 Mbit/s); compress: comm_hook='fp16'" in o['advice'] and '`Accumulate(' in o['advice'], o['advice']
 
 def test_master_unreachable(hosts, marker):
     "Node rank 1 alone: the master never comes; it ends within the timeout, naming the address and port"
