@@ -1,14 +1,9 @@
 "Two hosts on one machine: network namespaces joined by a veth pair, each with its own address and `fastddp-launch`"
 import os, sys, time, subprocess, tempfile, pytest, torch
 from pathlib import Path
-from fastddp.testing import read_reports, Hosts
+from fastddp.testing import read_reports
 from fastddp.launch import peer_lost
 from conftest import wait_gone
-
-@pytest.fixture(scope='module')
-def hosts():
-    "Two hosts (network namespaces) for the module's tests"
-    with Hosts() as hs: yield hs
 
 def launch(hs, code, marker, env=None):
     "Start one `fastddp-launch --nnodes 2` on each host; return the Popens and the report folder"
