@@ -40,7 +40,7 @@ def _pid(fn):
 @contextmanager
 def slurm(nodes, # [(name, address)]; node 0 runs slurmctld too
           on=lambda i: []): # the command prefix that puts a process on node `i`
-    "The clients' environment of a running SLURM cluster; its daemons and folder are removed afterwards, whatever happens"
+    "The clients' environment of a running SLURM cluster and the prefix that runs a client on node 0; its daemons and folder are removed afterwards, whatever happens"
     if not shutil.which('slurmctld'): pytest.fail("SLURM is not installed: run `make slurm`")
     d = Path(tempfile.mkdtemp(prefix='fastddp-slurm-'))
     for o in ('state', *(f'spool-{n}' for n,_ in nodes)): (d/o).mkdir()
@@ -57,7 +57,7 @@ def slurm(nodes, # [(name, address)]; node 0 runs slurmctld too
             if subprocess.run(on_(0)+['sinfo', '-h', '-N', '-o', '%t'], env=env, capture_output=True, text=True).stdout.split().count('idle')==len(nodes): break
             time.sleep(0.5)
         else: pytest.fail(f"the SLURM nodes did not come up: {(d/'slurmctld.log').read_text()[-2000:]}")
-        yield env
+        yield env,on_(0)
     finally:
         subprocess.run(on_(0)+['scancel', '--full', '-u', 'root'], env=env, capture_output=True, timeout=30)
         for f in [d/'slurmctld.pid', *d.glob('slurmd-*.pid'), d/'munged.pid']:
@@ -72,7 +72,7 @@ def slurm(nodes, # [(name, address)]; node 0 runs slurmctld too
 def cluster():
     "One node, this host"
     n = socket.gethostname().split('.')[0]
-    with slurm([(n, n)]) as env: yield env
+    with slurm([(n, n)]) as (env,_): yield env
 
 def on_host(hs, names):
     "The prefix that runs a command on host `i` of `hs` named `names[i]`: its network, its own host name, and a hosts file naming every node"
@@ -84,8 +84,7 @@ def on_host(hs, names):
 def cluster2(hosts):
     "Two nodes, one slurmd on each of the two `hosts`; commands for the cluster run on node 0: `(env, prefix)`"
     names = [f'fdnode{i}' for i in (1,2)]
-    on = on_host(hosts, names)
-    with slurm([(n,h[2]) for n,h in zip(names, hosts.hosts)], on) as env: yield env,[o.replace('{d}', str(Path(env['SLURM_CONF']).parent)) for o in on(0)]
+    with slurm([(n,h[2]) for n,h in zip(names, hosts.hosts)], on_host(hosts, names)) as res: yield res
 
 _train = '''
 import os, sys, socket
