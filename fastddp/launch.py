@@ -82,7 +82,10 @@ def peer_lost(msg:str): # a rank's failure as `_why` gives it
     "Does `msg` say that a peer was lost (a symptom of another rank's failure) rather than why this rank failed?"
     return bool(_peer_lost.search(msg))
 
-def fail_msg(e):
+# gloo names the peer's address in both of its lost-peer messages
+_peer_addr = re.compile(r"(?:by peer|Read error) \[([^\]]+)\]")
+
+def fail_msg(e, nnodes:int=1): # the number of nodes in the job
     "Lines naming the rank that failed first (and why) from torch's `ChildFailedError`"
     fs = e.failures
     # ranks the agent stopped died of its SIGTERM/SIGKILL; of those that ended by themselves, a lost peer is a symptom,
@@ -92,6 +95,10 @@ def fail_msg(e):
     res = [f"rank {r0} (pid {fs[r0].pid}) failed: {_why(fs[r0])}"]
     others = sorted(r for r in fs if r!=r0)
     if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it (usually: their peer was gone)")
+    # every rank here lost a peer: the cause is on another node, whose own launcher says what it was (or nothing, if the machine died)
+    if nnodes>1 and peer_lost(_why(fs[r0])):
+        m = _peer_addr.search(_why(fs[r0]))
+        res.append(f"no rank on this node failed by itself: it lost its peer{' at '+m.group(1) if m else ''} on another node; the cause is there (its launcher's output, or the machine itself)")
     return res
 
 # %% ../nbs/01_launch.ipynb #8d72647e
@@ -154,7 +161,7 @@ def launch(argv=None):
     logging.getLogger('torch.distributed.elastic').setLevel(logging.CRITICAL) # the agent's log lines repeat what the summary below says, and hide the script's output
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
     except ChildFailedError as e:
-        for l in fail_msg(e): print(f"fastddp-launch: {l}", file=sys.stderr)
+        for l in fail_msg(e, a.nnodes): print(f"fastddp-launch: {l}", file=sys.stderr)
         print("fastddp-launch: the other ranks were stopped", file=sys.stderr, flush=True)
         return 1
     except SignalException as e:

@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/timecost.html.md"""
 __all__ = ['phases', 'phase_after', 'limits', 'segments', 'step_phases', 'Clock', 'TimeEnd', 'TimeCost', 'recommend', 'Text']
 
 # %% ../nbs/05_timecost.ipynb #bf1191e1
-import os, time, numpy as np, torch
+import os, math, time, numpy as np, torch
 from fastai.basics import *
 from fastai.distributed import *
 from .core import *
@@ -170,7 +170,7 @@ def _q(a, q): return float(np.percentile(a, q)) if len(a) else 0.
 @patch
 def stats(self:TimeCost,
           baseline:float=None): # samples/s of one process (`self.baseline` when None)
-    "Per-rank phase statistics (ms), global samples/s, straggler and imbalance, bytes per step, scaling efficiency"
+    "Per-rank phase statistics (ms), global samples/s, straggler and imbalance, bytes per step and their effective rate, scaling efficiency"
     rs,baseline = self.ranks,ifnone(baseline, self.baseline)
     if rs is None: raise ValueError("no timings yet: fit first")
     kept = [(r['steps'][self.skip:],r['bs'][self.skip:]) if len(r['steps'])>self.skip else (r['steps'],r['bs']) for r in rs]
@@ -188,17 +188,37 @@ def stats(self:TimeCost,
     step = np.mean(res['step_ms'])
     res['share'] = {p:np.mean([m for m,_,_ in v])/step if step>0 else 0. for p,v in res['phases'].items()}
     res['eff'] = res['samples_per_s']/(res['ws']*baseline) if baseline else None
+    # the all-reduce's effective rate: a step's bytes over the exposed time of the rank that waited least (the others also wait
+    # for a straggler), median over steps; it is the link's rate when backward hides none of the all-reduce, higher when it does
+    res['comm_ms'] = min(m for _,m,_ in res['phases']['comm'])
+    res['comm_mbit'] = 8*rs[0]['comm']/(1e3*res['comm_ms']) if res['comm_ms']>0 and rs[0]['comm'] else None
     return res
 
 # %% ../nbs/05_timecost.ipynb #e6c6bace
-limits = dict(data=.1, comm=.15, imbalance=.1, compute=.5, callbacks=.1)
+# `link`: Mbit/s under which the all-reduce's effective rate is a slow link (ethernet between machines, not shared memory,
+# NVLink or InfiniBand): there, sending fewer bytes comes first
+limits = dict(data=.1, comm=.15, imbalance=.1, compute=.5, callbacks=.1, link=1000)
+
+def _comm_advice(st, lim):
+    "What to do about exposed communication, with the numbers that call for it"
+    s,l,r = min(st['share']['comm'], .99),lim['comm'],st.get('comm_mbit')
+    # k micro-batches per synchronisation: the exposed share of k steps is s/(k(1-s)+s); the smallest k that meets the limit
+    k = max(2, math.ceil(s*(1-l)/(l*(1-s))))
+    acc = f"synchronise every {k} steps (`Accumulate({k})`, `--accum {k}`; the batch per optimizer step grows {k}-fold), which brings it to about {s/(k*(1-s)+s):.0%}"
+    if k>16: acc += " (too many micro-batches for accumulation alone: combine it with compression)"
+    cmp = f"compress: comm_hook='fp16' halves the bytes (about {s/(2-s):.0%} of the step), 'powersgd' sends a low-rank approximation of them"
+    slow = r is not None and r<lim['link']
+    rate = f" in {st['comm_ms']:.1f} ms exposed, an effective {r:,.0f} Mbit/s" if r else ''
+    rate += f", a slow link (below {lim['link']:,} Mbit/s)" if slow else ''
+    a,b = (cmp,acc) if slow else (acc,cmp)
+    return f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}): {st['comm_mib']:.1f} MiB all-reduced per step{rate}; {a}; or {b}; or a bigger batch per rank, or tune bucket_cap_mb"
 
 def recommend(st, lim=None):
     "`(factor, advice)` for each factor whose number in `stats` output `st` passes its limit in `lim`"
     lim,sh,res = {**limits, **(lim or {})},st['share'],[]
     dev = 'GPU' if st['cuda'] else 'CPU'
     if sh['data']>lim['data']: res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step (limit {lim['data']:.0%}): use more DataLoader workers (num_workers={st['workers']} now, {os.cpu_count()} CPUs here) or lighter item transforms; on a GPU, pin_memory=True so copies run asynchronously, and augmentation on the device (batch transforms)"))
-    if sh['comm']>lim['comm']: res.append(('comm', f"exposed communication is {sh['comm']:.0%} of the step (limit {lim['comm']:.0%}; {st['comm_mib']:.1f} MiB all-reduced per step): synchronise less often (`Accumulate(k)`, `--accum k`), a bigger batch per rank, compress (comm_hook='fp16' or 'powersgd'), or tune bucket_cap_mb"))
+    if sh['comm']>lim['comm']: res.append(('comm', _comm_advice(st, lim)))
     if st['imbalance']>lim['imbalance']: res.append(('imbalance', f"rank {st['straggler']} is the straggler: busy {max(st['busy_ms']):.1f} ms per step vs {min(st['busy_ms']):.1f} ms on the fastest rank (+{st['imbalance']:.0%}, limit {lim['imbalance']:.0%}); the others wait for it in the all-reduce: look for uneven data (item sizes, transforms) or a slow rank or device"))
     comp = sh['forward']+sh['backward']+sh['step']
     if comp<lim['compute']: res.append(('batch size', f"the {dev} computes only {comp:.0%} of the step (limit {lim['compute']:.0%}): raise the batch size per rank (bs={st['bs']} now) so computation outweighs the fixed costs of each step"))
@@ -225,7 +245,8 @@ def report(self:TimeCost,
     eff = f"; scaling efficiency {st['eff']:.2f} against {st['eff'] and st['samples_per_s']/st['eff']/ws:.1f} samples/s in one process" if st['eff'] else ''
     ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} (batch {st['bs']} per rank){eff}",
            f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank {st['straggler']})",
-           f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"]
+           f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"
+           +(f" ({st['comm_ms']:.1f} ms: {st['comm_mbit']:,.0f} Mbit/s effective)" if st['comm_mbit'] else '')]
     mem = [r['mem'] for r in self.ranks]
     ls.append("memory per rank (MiB, live tensors): "+'; '.join(f"rank {i}: parameters {m['params']:.1f}, gradients {m['grads']:.1f}, optimizer {m['opt']:.1f}"+(f", peak {m['peak']:.1f}" if 'peak' in m else '') for i,m in enumerate(mem)))
     tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU

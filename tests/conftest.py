@@ -32,6 +32,12 @@ def wait_gone(marker, timeout=30):
         time.sleep(0.2)
     return procs_with(marker)
 
+@pytest.fixture(scope='session')
+def hosts():
+    "Two hosts (network namespaces joined by a veth pair) for the tests across hosts (test_hosts, test_slurm); removed at the end"
+    from fastddp.testing import Hosts
+    with Hosts() as hs: yield hs
+
 @pytest.fixture
 def marker():
     "A unique script argument: it shows in every worker's command line"

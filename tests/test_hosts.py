@@ -1,14 +1,9 @@
 "Two hosts on one machine: network namespaces joined by a veth pair, each with its own address and `fastddp-launch`"
 import os, sys, time, subprocess, tempfile, pytest, torch
 from pathlib import Path
-from fastddp.testing import read_reports, Hosts
+from fastddp.testing import read_reports
 from fastddp.launch import peer_lost
 from conftest import wait_gone
-
-@pytest.fixture(scope='module')
-def hosts():
-    "Two hosts (network namespaces) for the module's tests"
-    with Hosts() as hs: yield hs
 
 def launch(hs, code, marker, env=None):
     "Start one `fastddp-launch --nnodes 2` on each host; return the Popens and the report folder"
@@ -22,7 +17,7 @@ from fastai.basics import *
 from fastai.distributed import *
 import fastddp
 from fastddp.testing import report
-from fastddp.timecost import TimeCost
+from fastddp.timecost import TimeCost, recommend
 from fastddp.distrib import setup_distrib
 import time, torch.distributed as dist
 torch.manual_seed(0)
@@ -30,12 +25,12 @@ x = torch.randn(256,512); ds = list(zip(x, x[:,:1]))
 learn = Learner(DataLoaders(DataLoader(ds, bs=16), DataLoader(ds[:32], bs=16), device='cpu'), nn.Sequential(nn.Linear(512,512), nn.Linear(512,1)), loss_func=MSELossFlat())
 tc = TimeCost(show=False)
 with learn.distrib_ctx(): learn.fit(1, cbs=[tc])
-ph = {p:v[0][0] for p,v in tc.stats()['phases'].items()}
+st = tc.stats(); ph = {p:v[0][0] for p,v in st['phases'].items()}
 setup_distrib(); t = torch.ones(2**20) # 4 MiB
 dist.all_reduce(t); dist.barrier(); t0 = time.perf_counter()
 for _ in range(3): dist.all_reduce(t)
 report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.environ.get('GLOO_SOCKET_IFNAME'), valid=learn.recorder.values[-1][1],
-       comm=ph['comm']/sum(ph.values()), Bps=3*4*2**20/(time.perf_counter()-t0))
+       comm=ph['comm']/sum(ph.values()), mbit=st['comm_mbit'], advice=dict(recommend(st)).get('comm'), Bps=3*4*2**20/(time.perf_counter()-t0))
 '''
 
 def run_pair(hosts, marker):
@@ -47,7 +42,7 @@ def run_pair(hosts, marker):
     return read_reports(d, 2),outs,[hosts.sent(i)-t for i,t in enumerate(t0)]
 
 def test_two_hosts_train(hosts, marker):
-    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; then over a 100 Mbit/s link"
+    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; then over a 100 Mbit/s link, which TimeCost measures and advises on"
     rs,outs,sent = run_pair(hosts, marker)
     assert [r['iface'] for r in rs]==[h[1] for h in hosts.hosts]
     assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o for h,o in zip(hosts.hosts, outs)), outs[0][-2000:]
@@ -62,6 +57,9 @@ def test_two_hosts_train(hosts, marker):
     for a,b in zip(rs[0]['w'], slow[0]['w']): assert torch.equal(a, b) # the link changes the time, not the numbers
     assert max(o['Bps'] for o in slow)<=1.1*100e6/8, [o['Bps'] for o in slow] # the shaping is in effect
     assert min(o['comm'] for o in slow)>max(o['comm'] for o in rs), ([o['comm'] for o in rs], [o['comm'] for o in slow]) # the report sees it
+    # TimeCost measures the link's rate in the training steps, and its advice quotes it, compression first, then the accumulation that meets the limit
+    assert max(o['mbit'] for o in slow)<=1.1*100<min(o['mbit'] for o in rs), ([o['mbit'] for o in rs], [o['mbit'] for o in slow])
+    for o in slow: assert f"an effective {o['mbit']:,.0f} Mbit/s, a slow link (below 1,000 Mbit/s); compress: comm_hook='fp16'" in o['advice'] and '`Accumulate(' in o['advice'], o['advice']
 
 def test_master_unreachable(hosts, marker):
     "Node rank 1 alone: the master never comes; it ends within the timeout, naming the address and port"
@@ -92,4 +90,21 @@ def test_link_down(hosts, marker):
     assert time.time()-t0<2*15+20, time.time()-t0
     assert [p.returncode for p in ps]==[1, 1], '\n'.join(o[-2000:] for o in outs)
     for o in outs: assert peer_lost([l for l in o.splitlines() if ') failed: ' in l][0]), o[-2000:] # the launcher's line names the lost peer
+    assert wait_gone(marker, 20)==[]
+
+def test_host_killed(hosts, marker):
+    "One host's launcher and its workers are killed mid-run (the machine is gone): the other ends within the timeout, naming the lost rank, and no process is left"
+    import psutil, signal
+    ps,d = launch(hosts, _slow, marker, env={'FASTDDP_TIMEOUT': '15'})
+    while not all(o and 'step' in o for o in read_reports(d, 2)): # both ranks train
+        assert all(p.poll() is None for p in ps), [p.communicate()[0][-2000:] for p in ps]
+        time.sleep(0.5)
+    # torch's agent starts each worker in its own session: the tree by parent PIDs, not the process group
+    tree = [psutil.Process(ps[1].pid)]; tree += tree[0].children(recursive=True)
+    for p in tree: p.send_signal(signal.SIGKILL)
+    t0 = time.time()
+    out = ps[0].communicate(timeout=120)[0]; ps[1].communicate()
+    assert time.time()-t0<2*15, time.time()-t0
+    assert ps[0].returncode==1, out[-2000:]
+    assert f"fastddp-launch: no rank on this node failed by itself: it lost its peer at {hosts[1][2]} on another node" in out, out[-2000:]
     assert wait_gone(marker, 20)==[]

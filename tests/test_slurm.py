@@ -1,12 +1,13 @@
-"A real SLURM cluster of one node (munge, slurmctld, slurmd from Debian's packages, `make slurm`), in a temporary folder"
+"Real SLURM clusters (munge, slurmctld, slurmd from Debian's packages, `make slurm`) in a temporary folder: one node on this host, and two nodes, one slurmd in each of the `hosts` network namespaces"
 import os, sys, re, time, shutil, socket, signal, subprocess, tempfile, pytest, torch
+from contextlib import contextmanager
 from pathlib import Path
 from fastddp.testing import read_reports
 from fastddp.launch import free_port
 from conftest import ROOT, wait_gone
 
 CONF = '''ClusterName=fastddp
-SlurmctldHost={host}
+SlurmctldHost={n0}({a0})
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={p1}
@@ -14,11 +15,11 @@ SlurmdPort={p2}
 AuthType=auth/munge
 AuthInfo=socket={d}/munge.sock
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool-%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
+SlurmdLogFile={d}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -28,42 +29,65 @@ ReturnToService=2
 MpiDefault=none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-NodeName={host} CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+{nodes}
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 '''
 
 def _pid(fn):
     try: return int(Path(fn).read_text())
     except (OSError, ValueError): return None
 
-@pytest.fixture(scope='module')
-def cluster():
-    "The environment of a running one-node SLURM cluster; its daemons and folder are removed afterwards, whatever happens"
+@contextmanager
+def slurm(nodes, # [(name, address)]; node 0 runs slurmctld too
+          on=lambda i: []): # the command prefix that puts a process on node `i`
+    "The clients' environment of a running SLURM cluster and the prefix that runs a client on node 0; its daemons and folder are removed afterwards, whatever happens"
     if not shutil.which('slurmctld'): pytest.fail("SLURM is not installed: run `make slurm`")
     d = Path(tempfile.mkdtemp(prefix='fastddp-slurm-'))
-    for o in ('state', 'spool'): (d/o).mkdir()
-    (d/'slurm.conf').write_text(CONF.format(host=socket.gethostname().split('.')[0], p1=free_port(), p2=free_port(), d=d, cpus=os.cpu_count()))
+    for o in ('state', *(f'spool-{n}' for n,_ in nodes)): (d/o).mkdir()
+    (d/'hosts').write_text('127.0.0.1 localhost\n'+''.join(f'{a} {n}\n' for n,a in nodes))
+    (d/'slurm.conf').write_text(CONF.format(n0=nodes[0][0], a0=nodes[0][1], p1=free_port(), p2=free_port(), d=d, names=','.join(n for n,_ in nodes),
+                                            nodes='\n'.join(f'NodeName={n} NodeAddr={a} CPUs={os.cpu_count()} State=UNKNOWN' for n,a in nodes)))
     env = {**os.environ, 'SLURM_CONF': str(d/'slurm.conf'), 'PATH': f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    on_ = lambda i: [o.format(d=d) for o in on(i)]
     try:
         subprocess.run(['munged', '--force', f'--socket={d}/munge.sock', f'--pid-file={d}/munged.pid', f'--log-file={d}/munged.log', f'--seed-file={d}/munged.seed'], check=True, capture_output=True)
-        for o in (['slurmctld', '-i'], ['slurmd']): subprocess.run(o, env=env, check=True, capture_output=True)
-        for _ in range(60): # until the node is idle
-            if 'idle' in subprocess.run(['sinfo', '-h', '-o', '%t'], env=env, capture_output=True, text=True).stdout: break
+        subprocess.run(on_(0)+['slurmctld', '-i'], env=env, check=True, capture_output=True)
+        for i,(n,_) in enumerate(nodes): subprocess.run(on_(i)+['slurmd', '-N', n], env=env, check=True, capture_output=True)
+        for _ in range(60): # until every node is idle
+            if subprocess.run(on_(0)+['sinfo', '-h', '-N', '-o', '%t'], env=env, capture_output=True, text=True).stdout.split().count('idle')==len(nodes): break
             time.sleep(0.5)
-        else: pytest.fail(f"the SLURM node did not come up: {(d/'slurmctld.log').read_text()[-2000:]}")
-        yield env
+        else: pytest.fail(f"the SLURM nodes did not come up: {(d/'slurmctld.log').read_text()[-2000:]}")
+        yield env,on_(0)
     finally:
-        subprocess.run(['scancel', '--full', '-u', 'root'], env=env, capture_output=True)
-        for o in ('slurmd', 'slurmctld', 'munged'):
-            p = _pid(d/f'{o}.pid')
+        subprocess.run(on_(0)+['scancel', '--full', '-u', 'root'], env=env, capture_output=True, timeout=30)
+        for f in [d/'slurmctld.pid', *d.glob('slurmd-*.pid'), d/'munged.pid']:
+            p = _pid(f)
             if p:
                 try: os.kill(p, signal.SIGTERM)
                 except ProcessLookupError: pass
         time.sleep(1)
         shutil.rmtree(d, ignore_errors=True)
 
+@pytest.fixture(scope='module')
+def cluster():
+    "One node, this host"
+    n = socket.gethostname().split('.')[0]
+    with slurm([(n, n)]) as (env,_): yield env
+
+def on_host(hs, names):
+    "The prefix that runs a command on host `i` of `hs` named `names[i]`: its network, its own host name, and a hosts file naming every node"
+    # not `ip netns exec`: it mounts a fresh /sys, without the cgroup hierarchy slurmd needs
+    return lambda i: ['nsenter', f'--net=/run/netns/{hs[i][0]}', 'unshare', '--uts', '--mount', 'sh', '-c',
+                      f'hostname {names[i]} && mount --bind {{d}}/hosts /etc/hosts && exec "$0" "$@"']
+
+@pytest.fixture(scope='module')
+def cluster2(hosts):
+    "Two nodes, one slurmd on each of the two `hosts`; commands for the cluster run on node 0: `(env, prefix)`"
+    names = [f'fdnode{i}' for i in (1,2)]
+    with slurm([(n,h[2]) for n,h in zip(names, hosts.hosts)], on_host(hosts, names)) as res: yield res
+
 _train = '''
-import os, sys
+import os, sys, socket
 from fastai.basics import *
 from fastai.distributed import *
 import fastddp
@@ -74,21 +98,26 @@ x = torch.randn(64,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
 learn = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'), nn.Linear(3,1), loss_func=MSELossFlat())
 if os.environ.get('FAIL_RANK')==os.environ.get('RANK'): raise ValueError(f"rank {rank()} was told to fail")
 with learn.distrib_ctx(): learn.fit(1)
-report(w=learn.model.weight.detach().clone(), ws=int(os.environ['WORLD_SIZE']), slurm=os.environ.get('SLURM_PROCID'))
+report(w=learn.model.weight.detach().clone(), ws=int(os.environ['WORLD_SIZE']), slurm=os.environ.get('SLURM_PROCID'), host=socket.gethostname())
 '''
 
 def _script(tmp_path):
     fn = tmp_path/'train.py'; fn.write_text(_train); return fn
 
-def _sbatch(env, *args):
-    "Submit, wait, and return the job's state, exit code and output"
-    out = subprocess.run(['sbatch', '--parsable', '--wait', *args], env=env, capture_output=True, text=True, timeout=240)
+def _sbatch(env, *args, pre=()):
+    "Submit (with the command prefix `pre`), wait, and return the job's state, exit code and output"
+    out = subprocess.run([*pre, 'sbatch', '--parsable', *args], env=env, capture_output=True, text=True, timeout=60)
     jid = out.stdout.strip().split(';')[0]
-    info = subprocess.run(['scontrol', 'show', 'job', jid], env=env, capture_output=True, text=True).stdout
-    state,code = re.search(r'JobState=(\S+)', info).group(1),re.search(r'ExitCode=(\S+)', info).group(1)
+    assert jid, out.stderr
+    end = time.time()+240
+    while time.time()<end: # `sbatch --wait` polls at growing intervals (a 12 s job returned after 42 s): poll ourselves
+        info = subprocess.run([*pre, 'scontrol', 'show', 'job', jid], env=env, capture_output=True, text=True).stdout
+        state,code = re.search(r'JobState=(\S+)', info).group(1),re.search(r'ExitCode=(\S+)', info).group(1)
+        if state not in ('PENDING', 'CONFIGURING', 'RUNNING', 'COMPLETING'): break
+        time.sleep(0.5)
     return state,code,out
 
-@pytest.mark.parametrize('recipe,opts', [('launcher_per_node', ['-N', '1']), ('task_per_gpu', ['-N', '1', '--ntasks-per-node', '2', '--gpus-per-task', '0'])])
+@pytest.mark.parametrize('recipe,opts', [('task_per_gpu', ['-N', '1', '--ntasks-per-node', '2', '--gpus-per-task', '0'])]) # the launcher's recipe: on two nodes, below
 def test_sbatch_recipes(cluster, tmp_path, recipe, opts):
     "The shipped sbatch scripts on the one-node cluster (one launcher per node; one srun task per rank, no launcher): two ranks, the same weights, COMPLETED"
     state,code,out = _sbatch({**cluster, 'FASTDDP_REPORT_DIR': str(tmp_path)}, *opts, f'--output={tmp_path}/job.out', '--chdir', str(ROOT),
@@ -108,3 +137,17 @@ def test_failing_task(cluster, tmp_path, marker):
     assert state=='FAILED' and code!='0:0', (state, code, log[-3000:])
     assert 'ValueError: rank 1 was told to fail' in log, log[-3000:]
     assert wait_gone(marker, 20)==[]
+
+@pytest.mark.parametrize('recipe,opts,n', [('launcher_per_node', [], 2), ('task_per_gpu', ['--ntasks-per-node', '1', '--gpus-per-task', '0'], 1)])
+def test_two_nodes(cluster2, tmp_path, recipe, opts, n):
+    "The shipped sbatch scripts on two nodes, each its own host (network, address, host name): `n` ranks per node, the same weights, COMPLETED"
+    env,pre = cluster2
+    state,code,out = _sbatch({**env, 'FASTDDP_REPORT_DIR': str(tmp_path)}, '-N', '2', *opts, f'--output={tmp_path}/job.out', '--chdir', str(ROOT),
+                             str(ROOT/'scripts'/'slurm'/f'{recipe}.sbatch'), str(_script(tmp_path)), pre=pre)
+    log = (tmp_path/'job.out').read_text()
+    assert (state,code)==('COMPLETED', '0:0'), log[-3000:]
+    rs = read_reports(tmp_path, 2*n)
+    assert [o['host'] for o in rs]==['fdnode1']*n+['fdnode2']*n and [o['ws'] for o in rs]==[2*n]*2*n, log[-3000:]
+    for o in rs[1:]: assert torch.equal(rs[0]['w'], o['w']), log[-3000:]
+    assert "which reaches the master" in log, log[-3000:] # each node picked the interface to the other
+    if recipe=='task_per_gpu': assert "fastddp: srun step without a launcher: 2 ranks, 1 on this node, master fdnode1:" in log, log[-3000:]

@@ -5,6 +5,7 @@ For each repetition, every (link, mode) run is a fresh pair of `fastddp-launch -
 interleaved; "one host" is the same two ranks under one launcher, over loopback. The ratio is each run's samples/s over
 the one-host run of the same mode in the same repetition (median of the paired ratios, min-max); "wire" is the time the
 link alone needs per synchronised step: a ring all-reduce sends 2(N-1)/N times the payload, once per sync, at the rate.
+The result is saved after each repetition, with the machine's load average at each run.
 Usage: python tools/bench_hosts.py [--rates 1gbit,100mbit] [--modes ddp,fp16,powersgd,acc4] [--reps 5] [--save FILE.json]"""
 import os, sys, shlex, statistics, tempfile
 from pathlib import Path
@@ -54,20 +55,26 @@ def main(rates:str='1gbit,100mbit', # link rates, as `tc` writes them
     kw = dict(arch=model, steps=steps, warmup=warmup)
     res = {(l,m):[] for l in ['one',*rates] for m in modes}
     res['bytes'] = {}
+    loads = [] # the machine's 1-minute load average at each run: other work on a shared machine shows here
+    def save_now(done):
+        t = table(res, rates, modes)+f"\n\nLoad average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f}) on {os.cpu_count()} CPUs."
+        part = '' if done==reps else f" ({done} of {reps} repetitions done)"
+        if save: save_result(save, 'hosts', f"Across two hosts: {model}, {', '.join(modes)} over {', '.join(rates)} links vs one host{part}",
+                             'python tools/bench_hosts.py '+shlex.join(sys.argv[1:]), t, loads=loads,
+                             samples_per_s={f'{k[0]}/{k[1]}':v for k,v in res.items() if k!='bytes'}, bytes_per_sync=res['bytes'])
+        return t
     with Hosts() as hs:
         for i in range(reps):
             for m in modes:
+                loads.append(os.getloadavg()[0])
                 o = run_mode(f'{m}@2', **kw)
                 res[('one', m)].append(o['samples_per_s'])
                 res['bytes'][m] = o['bytes_per_sync']
                 for r in rates:
                     hs.shape(r)
+                    loads.append(os.getloadavg()[0])
                     res[(r, m)].append(across(hs, m, kw)['samples_per_s'])
                     print(f"rep {i+1}/{reps} {m}: one host {res[('one', m)][-1]:.1f}, {r} {res[(r, m)][-1]:.1f} samples/s", flush=True)
             hs.shape(None)
-    t = table(res, rates, modes)
+            t = save_now(i+1) # after each repetition: a run cut short keeps the ones done
     print(t)
-    if save:
-        save_result(save, 'hosts', f"Across two hosts: {model}, {', '.join(modes)} over {', '.join(rates)} links vs one host",
-                    'python tools/bench_hosts.py '+shlex.join(sys.argv[1:]), t,
-                    samples_per_s={f'{l}/{m}':v for (l,m),v in res.items() if l!='bytes' and isinstance(v, list)}, bytes_per_sync=res['bytes'])
