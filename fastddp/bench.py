@@ -20,6 +20,7 @@ from .core import *
 from .testing import run_ranks, report
 from .train import Accumulate
 from .timecost import TimeCost
+from .tune import candidates
 from .doctor import run_bench, parse_size, fmt_size
 from .throughput import train_flops
 from .probe import device_peak
@@ -128,7 +129,7 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
             if not self.training: return
             self.i += 1
             if self.i==warmup: _sync(); self.t0 = time.perf_counter()
-            if self.i==warmup+steps: _sync(); self.t1 = time.perf_counter()
+            if self.i==warmup+steps: _sync(); self.t1,self.ddp = time.perf_counter(),ddp_options(self.learn.model) # what a tuned run chose
     d = _data(bs*(steps+warmup), size, arch)
     dls = DataLoaders(DataLoader(TensorDataset(*d), bs=bs//ws, shuffle=True), DataLoader(TensorDataset(*[o[:bs] for o in d]), bs=bs//ws)) # on the GPU when there is one
     if not watchdog: os.environ['FASTDDP_STALL'] = '0' # read when `distrib_ctx` adds its callbacks
@@ -152,7 +153,9 @@ modes = dict(raw=(run_raw, {}), nosync=(run_raw, dict(sync=False)), single=(run_
              bucket_view=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=True))), static_graph=(run_fastai, dict(ddp=dict(static_graph=True))),
              one_bucket=(run_fastai, dict(ddp=dict(bucket_cap_mb=1024))), bucket_5mb=(run_fastai, dict(ddp=dict(bucket_cap_mb=5))),
              steploss=(run_fastai, dict(ddp=dict(step_loss=True))), nowatchdog=(run_fastai, dict(watchdog=False)),
-             pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))))
+             pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))),
+             tuned=(run_fastai, dict(ddp=dict(tune=True))), # `fastddp.tune`: its measuring steps inside the timed ones
+             **{'t_'+c.pop('name').replace(' ','_').replace('+','_'): (run_fastai, dict(ddp=c)) for c in candidates()}) # each candidate for the whole run
 _one = ('single','dp') # modes of one process
 
 def runs(ms, wss=(2,)):
@@ -229,6 +232,7 @@ def _pairs(res):
         if base in res: out.append((k, base, f'{k} / {base} (speed-up; efficiency = /{n})', n))
         if m!='raw' and m!='nosync' and f'raw@{n}' in res: out.append((k, f'raw@{n}', f'{k} / raw@{n} (vs hand-written DDP)', 1))
         if m not in ('ddp','raw','nosync') and f'ddp@{n}' in res: out.append((k, f'ddp@{n}', f'{k} / ddp@{n} (vs fastddp defaults)', 1))
+        if m=='tuned': out += [(k, o, f'{k} / {o} (vs that candidate for the whole run)', 1) for o in res if o.startswith('t_') and o.endswith(f'@{n}')]
         if m!='nosync' and f'nosync@{n}' in res: out.append((k, f'nosync@{n}', f'{k} / nosync@{n} (of the no-communication bound)', 1))
     return out
 

@@ -23,6 +23,7 @@ from .comm import check_hook, ddp_kwargs, register_hook
 from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
 from .watchdog import Heartbeat, guard_exit
+from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
 use_slurm() # `srun python train.py`: the ranks come from SLURM's variables, before fastai reads them
@@ -74,8 +75,12 @@ def __init__(self:DistributedTrainer,
         powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
         step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
+        tune=False, # True: the first steps measure the fixed set of exact DDP settings and the run trains on with the fastest (`fastddp.tune`); 'lossy': also hooks and accumulation that change the numbers
+        tune_file:str=None, # JSON file of tuning decisions: applied without measuring when it holds one for this model, written otherwise
+        tune_candidates:list=None, # your own candidates (dicts of DDP options, `comm_hook`, `accum`, `name`) instead of the fixed set
+        tune_accum:int=None, # with tune='lossy': also try accumulating this many batches per optimizer step
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
-    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss')
+    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,tune,tune_file,tune_candidates,tune_accum')
     be = check_backend(backend)
     check_hook(comm_hook, be)
     setup_distrib(backend=be)
@@ -166,6 +171,7 @@ def accumulate(self:AvgSmoothLoss, learn):
 def to_distributed(self:Learner, **kwargs):
     "Add a `DistributedTrainer` to train data-parallel"
     self.add_cb(DistributedTrainer(**kwargs))
+    if kwargs.get('tune'): self.add_cb(Tune())
     if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
@@ -177,6 +183,7 @@ def detach_distributed(self:Learner):
     # fastai returned early when `num_distrib()<=1`, leaving the trainer in `learn.cbs` under a 1-process launcher
     if not is_distributed(self): return self
     self.remove_cb(DistributedTrainer)
+    self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, Tune)))
     for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self

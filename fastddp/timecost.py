@@ -13,6 +13,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from .core import *
 from .eval import all_gather_list, is_distributed
+from .tune import tune_summary
 
 # %% ../nbs/05_timecost.ipynb #eb13fea5
 phases = ('data','forward','backward','comm','step','callbacks','other')
@@ -221,6 +222,8 @@ def report(self:TimeCost,
     ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} (batch {st['bs']} per rank){eff}",
            f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank {st['straggler']})",
            f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"]
+    tu = getattr(self.learn, 'ddp_tuning', None) # `distrib_ctx(tune=True)`: what it chose, and which knob mattered
+    if tu: ls.append(f"DDP tuning: {tune_summary(tu)}")
     tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU
     if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None): ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
     rs = recommend(st, lim)
