@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/tune.html.md"""
 __all__ = ['knobs', 'one_bucket_mb', 'candidates', 'lossy_candidates', 'ddp_settings', 'rewrap', 'tune_key', 'knob_effects',
            'tune_summary', 'tune_table', 'Tune']
 
-# %% ../nbs/02t_tune.ipynb #89153fa5
+# %% ../nbs/02t_tune.ipynb #80ba6575
 import time, json, math, hashlib, inspect, statistics
 from pathlib import Path
 import torch, torch.distributed as dist
@@ -19,7 +19,7 @@ from .core import *
 from .comm import CommStats, register_hook
 from .train import Accumulate
 
-# %% ../nbs/02t_tune.ipynb #b87fdf93
+# %% ../nbs/02t_tune.ipynb #653f362c
 def one_bucket_mb(m:nn.Module): # the model (DDP's inner module)
     "A bucket size (MiB) that holds all of `m`'s trainable gradients: fastddp's 1024 on gloo, more for a bigger model"
     n = sum(p.numel()*p.element_size() for p in m.parameters() if p.requires_grad)
@@ -32,7 +32,7 @@ def candidates(one_mb:int=1024, # the bucket size of 'one bucket' (`one_bucket_m
     return [dict(name=nm+'+view'*v+'+static'*s, bucket_cap_mb=mb, gradient_as_bucket_view=v, static_graph=s)
             for nm,mb in bs.items() for v in (False,True) for s in ((False,True) if static else (False,))]
 
-# %% ../nbs/02t_tune.ipynb #ab00ad72
+# %% ../nbs/02t_tune.ipynb #a784602f
 def lossy_candidates(one_mb:int=1024, # the bucket size of 'one bucket'
                      accum:int=None): # also accumulate this many batches per optimizer step
     "Candidates that change the numbers, for `tune='lossy'`; `lossy` says how"
@@ -42,7 +42,7 @@ def lossy_candidates(one_mb:int=1024, # the bucket size of 'one bucket'
                                           lossy=f'an optimizer step every {accum} batches: a {accum}x larger global batch, {accum}x fewer steps at the same learning rate'))
     return res
 
-# %% ../nbs/02t_tune.ipynb #83fc4477
+# %% ../nbs/02t_tune.ipynb #bdfb9374
 _ddp_args = inspect.signature(nn.parallel.DistributedDataParallel).parameters
 knobs = ('bucket_cap_mb','gradient_as_bucket_view','static_graph','comm_hook','accum') # what a candidate sets
 
@@ -70,13 +70,13 @@ def rewrap(tr:DistributedTrainer, # the trainer whose `learn.model` is DDP
     if stats is not None: register_hook(tr, stats)
     return new
 
-# %% ../nbs/02t_tune.ipynb #7ee777ed
+# %% ../nbs/02t_tune.ipynb #0f3b0735
 def tune_key(m:nn.Module): # the model (DDP's inner module)
     "What a decision holds for: the trainable parameters' names and shapes, and the world size"
     s = repr([(n, tuple(p.shape)) for n,p in m.named_parameters() if p.requires_grad])+f' ws={world_size()}'
     return hashlib.sha1(s.encode()).hexdigest()[:12]
 
-# %% ../nbs/02t_tune.ipynb #10bd4817
+# %% ../nbs/02t_tune.ipynb #98b0a4b7
 _knob_names = dict(bucket_cap_mb='bucket size', gradient_as_bucket_view='gradient_as_bucket_view', static_graph='static_graph', comm_hook='comm hook', accum='accumulation')
 _unset = dict(comm_hook=None, accum=1, gradient_as_bucket_view=False, static_graph=False)
 
@@ -110,7 +110,7 @@ def tune_table(d:dict): # a decision (`learn.ddp_tuning`)
     ls += [f"{r['name']:<24}{r['step_ms']:9.2f}{r['comm_ms']:17.2f}  {'*' if r['name']==d['chosen'] else ' '}{'  lossy: '+r['lossy'] if r.get('lossy') else ''}" for r in d['table']]
     return '\n'.join(ls+[tune_summary(d)])
 
-# %% ../nbs/02t_tune.ipynb #1e1b2d02
+# %% ../nbs/02t_tune.ipynb #c85c9cde
 def _dev(): return torch.device('cuda', torch.cuda.current_device()) if dist.get_backend()=='nccl' else torch.device('cpu')
 def _name(c): return c.get('name') or ','.join(f'{k}={v}' for k,v in c.items() if k in knobs)
 def _json(o): return getattr(o, '__name__', repr(o)) # a user's own hook is saved by its name
@@ -119,9 +119,9 @@ def _jsonable(c): return json.loads(json.dumps(c, default=_json))
 class Tune(Callback):
     "Try DDP's settings on the first training steps, interleaved, and train on with the fastest, the same on every rank"
     order,run_valid = 71,False # after `DistributedTrainer` (11) has wrapped the model and `Checkpoint` (70) has restored a decision
-    steps,reps = 2,2 # measured steps per candidate in each round; rounds
+    steps,reps,settle = 2,2,2 # measured steps per candidate in each round; rounds; steps left out after each change
     def before_fit(self):
-        self.plan,self.p,self.measured,self.n_wraps,self.acc_cb,self.active,self.stepped,self.chained = [],0,0,0,None,False,False,False
+        self.plan,self.p,self.measured,self.n_wraps,self.acc_cb,self.active,self.stepped,self.chained,self.warm = [],0,0,0,None,False,False,False,0
         tr = self.tr = self.learn.distributed_trainer
         if getattr(tr, 'shard', False): return rank0_print("fastddp: tune=True does nothing with shard=True: a sharded model has no DDP settings to tune")
         m = self.learn.model
@@ -140,6 +140,7 @@ class Tune(Callback):
         self.stats = self.stats0 if self.had else CommStats() # measuring always counts: the hook says when the last bucket is ready
         tr.powersgd_start = 2 # a PowerSGD candidate compresses from its second step: measure it compressing
         self.use(self.cands[self.plan[0]], self.stats)
+        self.warm = self.settle
 
     def candidates(self, m):
         "The user's candidates, or the fixed exact set (and the lossy ones with `tune='lossy'`)"
@@ -165,7 +166,7 @@ class Tune(Callback):
         "Counting as the trainer does without tuning (and for a lossy candidate's hook)"
         return self.stats0 if self.had else CommStats() if c.get('comm_hook') is not None else None
 
-# %% ../nbs/02t_tune.ipynb #9abd4e76
+# %% ../nbs/02t_tune.ipynb #669411f6
 @patch
 def known(self:Tune):
     "`(decision, where from)` for this model, as rank 0 has it, on every rank; `(None, None)` when there is none"
@@ -195,13 +196,13 @@ def save(self:Tune, d):
     tmp.write_text(json.dumps(ds, indent=1, default=_json))
     tmp.replace(fn)
 
-# %% ../nbs/02t_tune.ipynb #e9cf24ee
+# %% ../nbs/02t_tune.ipynb #c9e57216
 @patch(as_prop=True)
 def measuring(self:Tune): return self.p<len(self.plan)
 
 @patch
 def before_train(self:Tune):
-    self.warm,self.t0 = True,None # the first step of an epoch follows validation: not counted
+    self.warm,self.t0 = max(self.warm, 1),None # the first step of an epoch follows validation: not counted
     if not self.measuring: return
     st = self.learn.comm_stats
     self.prev_on,self.chained,self.tb = st.on_bucket,True,None
@@ -232,21 +233,21 @@ def after_step(self:Tune): self.stepped = True
 @patch
 def after_train(self:Tune): self.unchain()
 
-# %% ../nbs/02t_tune.ipynb #74058294
+# %% ../nbs/02t_tune.ipynb #b02b1224
 @patch
 def after_batch(self:Tune):
     if not (self.measuring and self.stepped): return
     self.stepped = False
     if _dev().type=='cuda': torch.cuda.synchronize() # the step's kernels are done
     t,i = time.perf_counter(),self.plan[self.p]
-    if self.warm: self.warm = False # DDP built its buckets in this step
+    if self.warm: self.warm -= 1 # DDP built or rebuilt its buckets in this step
     else:
         self.times[i].append((t-self.t0)/self.nb); self.comms[i].append(self.ex/self.nb)
         self.measured,self.n_here = self.measured+1,self.n_here+1
         if self.n_here==self.steps:
             self.p,self.n_here = self.p+1,0
             if not self.measuring: self.decide()
-            elif self.plan[self.p]!=i: self.use(self.cands[self.plan[self.p]], self.stats); self.warm = True
+            elif self.plan[self.p]!=i: self.use(self.cands[self.plan[self.p]], self.stats); self.warm = self.settle
     self.t0,self.nb,self.ex = time.perf_counter(),0,0.
 
 @patch

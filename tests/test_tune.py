@@ -16,7 +16,7 @@ from fastddp.core import *; from fastddp.testing import report
 from fastddp.tune import Tune
 from fastddp.checkpoint import Checkpoint
 from fastddp.timecost import TimeCost
-Tune.steps,Tune.reps = 1,1 # small: one measured step per candidate
+Tune.steps,Tune.reps = 1,1 # small: one measured step per candidate (after Tune.settle=2 left out)
 tmp = Path(sys.argv[1])
 out = {}
 def weights(l): return [p.detach().clone() for p in l.model.parameters()]
@@ -86,7 +86,7 @@ out['ckpt_tuning'] = torch.load(sorted(ck.glob('ckpt_*.pth'))[-1], weights_only=
 lr = tab(fit=lambda l: l.fit(1, 1e-2), cbs=[Checkpoint(ck)], tune=True, tune_candidates=sc[::2])
 out['resume_peek'] = lr.peek
 # 6. 'lossy' adds fp16, PowerSGD and accumulation, each marked with what it changes
-ll = tab(tune='lossy', tune_accum=2) # 15 candidates: 2 epochs
+ll = tab(fit=lambda l: l.fit(3, 1e-2), tune='lossy', tune_accum=2) # 15 candidates: 3 epochs
 out['lossy_rows'] = {r['name']:r['lossy'] for r in ll.ddp_tuning['table']}
 out['lossy_left'] = [type(o).__name__ for o in ll.cbs]
 # 7. shard=True: nothing tuned, one line
@@ -133,7 +133,8 @@ def test_tune_2ranks(tmp_path):
     assert rs.out.count('tune=True does nothing with shard=True')==1
 
 TUNE3 = COMMON+'''
-lt,l0 = tab(tune=True),tab()
+f3 = lambda l: l.fit(3, 1e-2) # 14 steps per epoch at 3 ranks; the 12 candidates take 36
+lt,l0 = tab(fit=f3, tune=True),tab(fit=f3)
 report(w=weights(lt), w0=weights(l0), chosen=lt.ddp_tuning['chosen'])
 '''
 
