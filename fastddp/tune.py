@@ -126,6 +126,8 @@ class Tune(Callback):
         if getattr(tr, 'shard', False): return rank0_print("fastddp: tune=True does nothing with shard=True: a sharded model has no DDP settings to tune")
         m = self.learn.model
         if not isinstance(m, nn.parallel.DistributedDataParallel): return
+        # PowerSGD keeps its error feedback and warm start per bucket, in DDP's bucket layout, which every new wrapper rebuilds
+        if tr.comm_hook=='powersgd': return rank0_print("fastddp: tune=True does nothing with comm_hook='powersgd': its state follows DDP's buckets, which a new wrapper rebuilds")
         self.active,self.hook0,self.start0,self.had = True,tr.comm_hook,tr.powersgd_start,bool(tr.comm_hook or tr.comm_stats)
         self.stats0 = getattr(self.learn, 'comm_stats', None) # the trainer's, new for this fit, when it registered its hook
         self.key,self.one = tune_key(m.module),one_bucket_mb(m.module)
@@ -138,7 +140,7 @@ class Tune(Callback):
         self.plan = [i for r in range(self.reps) for i in (range(n) if r%2==0 else reversed(range(n)))]
         self.times,self.comms,self.n_here = [[] for _ in range(n)],[[] for _ in range(n)],0
         self.stats = self.stats0 if self.had else CommStats() # measuring always counts: the hook says when the last bucket is ready
-        tr.powersgd_start = 2 # a PowerSGD candidate compresses from its second step: measure it compressing
+        if tr.tune=='lossy': tr.powersgd_start = 2 # a PowerSGD candidate compresses from its second step: measure it compressing
         self.use(self.cands[self.plan[0]], self.stats)
         self.warm = self.settle
 

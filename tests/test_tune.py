@@ -71,8 +71,8 @@ lf = tab(fit=lambda l: l.fit(1, 1e-2), tune=True, tune_candidates=sc, tune_file=
 out['file_peek'],out['file_chosen'] = lf.peek,lf.ddp_tuning['chosen']
 # 4. the ranks' own measurements disagree (each rank finds its own candidate slow): the slowest rank's figures decide, the same everywhere
 _decide = Tune.decide
-def skewed(self, *a, **k): # fault injection: rank r measured candidate r 10 s slower
-    self.times[rank()] = [o+10. for o in self.times[rank()]]
+def skewed(self, *a, **k): # fault injection: rank 0 finds B fastest, rank 1 A; the slowest rank's figures favour C
+    for i,o in enumerate([[10.,0.,5.],[0.,10.,5.]][rank()]): self.times[i] = [t+o for t in self.times[i]]
     return _decide(self, *a, **k)
 Tune.decide = skewed
 la = tab(fit=lambda l: l.fit(1, 1e-2), tune=True, tune_candidates=[dict(name='A', bucket_cap_mb=1024), dict(name='B', bucket_cap_mb=25), dict(name='C', bucket_cap_mb=5)])
@@ -95,11 +95,17 @@ class Shard(Callback):
     def before_fit(self): self.learn.distributed_trainer.shard = True
 lsh = tab(fit=lambda l: l.fit(1, 1e-2), cbs=[Shard()], tune=True)
 out['shard_peek'],out['shard_tuning'] = lsh.peek,getattr(lsh, 'ddp_tuning', None)
+# 8. the run's own PowerSGD hook: its state follows DDP's buckets, nothing is tuned; the run's own fp16 hook: tuned under it, exact
+f1 = lambda l: l.fit(1, 1e-2)
+lp = tab(fit=f1, tune=True, comm_hook='powersgd', powersgd_start=3)
+out['psgd_peek'] = lp.peek
+lh,lh0 = tab(fit=f1, tune=True, comm_hook='fp16', tune_candidates=sc[::2]),tab(fit=f1, comm_hook='fp16')
+out['fp16_same'] = all(torch.equal(a,b) for a,b in zip(weights(lh), weights(lh0)))
 report(**out)
 '''
 
 def test_tune_2ranks(tmp_path):
-    "At 2 ranks: tuned runs end bit-identical to untuned ones (tabular, and a resnet with BatchNorm and random transforms through fine_tune); a sleeping hook is never chosen; tune_file, checkpoints and earlier fits are reused without measuring; ranks agree when their measurements disagree; lossy candidates say what they change; shard skips"
+    "At 2 ranks: tuned runs end bit-identical to untuned ones (tabular, a resnet with BatchNorm and random transforms through fine_tune, and under the run's own fp16 hook; PowerSGD's is left alone); a sleeping hook is never chosen; tune_file, checkpoints and earlier fits are reused without measuring; ranks agree when their measurements disagree; lossy candidates say what they change; shard skips"
     rs = run_ranks(TUNE2, n=2, args=[tmp_path], timeout=600)
     r0,r1 = rs
     for r in rs:
@@ -108,14 +114,14 @@ def test_tune_2ranks(tmp_path):
     assert len(r0['tab_rows'])==12 and 'one bucket+view+static' in r0['tab_rows']
     assert r0['tab_chosen']==r1['tab_chosen'] and r0['vis_chosen']==r1['vis_chosen']
     # fine_tune: frozen, then unfrozen: two decisions, each printed once
-    assert rs.out.count('fastddp: DDP settings tuned on 2 ranks')==1+2+1+1+1+1, rs.out[-3000:] # tab, vis x2, slow, skewed, checkpointed, lossy
+    assert rs.out.count('fastddp: DDP settings tuned on 2 ranks')==1+2+1+1+1+1+1, rs.out[-3000:] # tab, vis x2, slow, skewed, checkpointed, lossy, fp16
     # the sleeping hook is measured, and never chosen
     for r in rs:
         assert r['slow_chosen']!='slow' and r['slow_table']['slow']>max(v for k,v in r['slow_table'].items() if k!='slow'), r['slow_table']
     assert r0['file'] and list(r0['file'].values())[0]['chosen']==r0['slow_chosen']
     for r in rs: assert r['file_peek']==dict(measured=0, wraps=1) and r['file_chosen']==r0['slow_chosen']
     assert 'DDP settings from '+str(tmp_path/'decision.json') in rs.out
-    # each rank's own figures point elsewhere (A on rank 1, B on rank 0); the slowest rank's say C, on both
+    # each rank's own figures point elsewhere (B on rank 0, A on rank 1); the slowest rank's say C, on both
     m0,m1 = r0['agree_mine'],r1['agree_mine']
     assert min(range(3), key=lambda i: m0[i])!=min(range(3), key=lambda i: m1[i])
     assert r0['agree_chosen']==r1['agree_chosen']=='C'
@@ -131,6 +137,8 @@ def test_tune_2ranks(tmp_path):
     assert r0['lossy_left'].count('Accumulate')==0 # the tuner's own accumulation leaves with the fit
     for r in rs: assert r['shard_peek']==dict(measured=0, wraps=0) and r['shard_tuning'] is None
     assert rs.out.count('tune=True does nothing with shard=True')==1
+    for r in rs: assert r['psgd_peek']==dict(measured=0, wraps=0) and r['fp16_same']
+    assert rs.out.count("tune=True does nothing with comm_hook='powersgd'")==1
 
 TUNE3 = COMMON+'''
 f3 = lambda l: l.fit(3, 1e-2) # 14 steps per epoch at 3 ranks; the 12 candidates take 36
