@@ -20,6 +20,7 @@ from .core import *
 from .testing import run_ranks, report
 from .train import Accumulate
 from .timecost import TimeCost
+from .tune import candidates
 from .doctor import run_bench, parse_size, fmt_size
 from .throughput import train_flops
 from .shard import rank_memory
@@ -129,7 +130,7 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
             if not self.training: return
             self.i += 1
             if self.i==warmup: _sync(); self.t0 = time.perf_counter()
-            if self.i==warmup+steps: _sync(); self.t1 = time.perf_counter()
+            if self.i==warmup+steps: _sync(); self.t1,self.ddp = time.perf_counter(),ddp_options(self.learn.model) # what a tuned run chose
         def after_step(self):
             if self.mem is None and self.i+1==warmup+steps: self.mem = rank_memory(self.learn) # before zero_grad drops the gradients
     d = _data(bs*(steps+warmup), size, arch)
@@ -155,7 +156,9 @@ modes = dict(raw=(run_raw, {}), nosync=(run_raw, dict(sync=False)), single=(run_
              bucket_view=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=True))), static_graph=(run_fastai, dict(ddp=dict(static_graph=True))),
              one_bucket=(run_fastai, dict(ddp=dict(bucket_cap_mb=1024))), bucket_5mb=(run_fastai, dict(ddp=dict(bucket_cap_mb=5))),
              steploss=(run_fastai, dict(ddp=dict(step_loss=True))), nowatchdog=(run_fastai, dict(watchdog=False)),
-             pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))))
+             pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))),
+             tuned=(run_fastai, dict(ddp=dict(tune=True))), # `fastddp.tune`: its measuring steps inside the timed ones
+             **{'t_'+c.pop('name').replace(' ','_').replace('+','_'): (run_fastai, dict(ddp=c)) for c in candidates()}) # each candidate for the whole run
 _one = ('single','dp') # modes of one process
 
 def runs(ms, wss=(2,)):
@@ -235,6 +238,7 @@ def _pairs(res):
         if base in res: out.append((k, base, f'{k} / {base} (speed-up; efficiency = /{n})', n))
         if m!='raw' and m!='nosync' and f'raw@{n}' in res: out.append((k, f'raw@{n}', f'{k} / raw@{n} (vs hand-written DDP)', 1))
         if m not in ('ddp','raw','nosync') and f'ddp@{n}' in res: out.append((k, f'ddp@{n}', f'{k} / ddp@{n} (vs fastddp defaults)', 1))
+        if m=='tuned': out += [(k, o, f'{k} / {o} (vs that candidate for the whole run)', 1) for o in res if o.startswith('t_') and o.endswith(f'@{n}')]
         if m!='nosync' and f'nosync@{n}' in res: out.append((k, f'nosync@{n}', f'{k} / nosync@{n} (of the no-communication bound)', 1))
     return out
 
@@ -387,7 +391,7 @@ def main(model:str='resnet18', # workload: a torchvision model on images, 'tabul
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog shard shard_grads
+         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog shard shard_grads tuned t_<candidate>
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side
          png:str='bench.png', # the chart (empty: none)

@@ -166,6 +166,7 @@ class Checkpoint(Callback):
             get_model(self.learn.model).load_state_dict(st['model'])
             self.opt.load_state_dict(st['opt'])
         if st.get('scaler') is not None and getattr(self.learn, 'scaler', None) is not None: self.learn.scaler.load_state_dict(st['scaler'])
+        if st.get('ddp_tuning') is not None: self.learn.ddp_tuning = st['ddp_tuning'] # `fastddp.tune` applies it without measuring again
         rng = st['rng'][rank()] if st['ws']==world_size() else st['rng'][0]
         self.resumed = Resume(st['epoch'], st['iter'], rng, st['dl0'], 'skip epochs')
         if st['ws']!=world_size(): warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order re-sharded")
@@ -195,7 +196,8 @@ class Checkpoint(Callback):
 
     def _save(self, epoch, it):
         st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, ws=world_size(), rng=all_gather_list(rng_state(self.learn)), dl0=self.dl0,
-                  scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None)
+                  scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None,
+                  ddp_tuning=getattr(self.learn, 'ddp_tuning', None))
         beat() # the watchdog's clock starts again for the write, on every rank
         name = f'ckpt_e{epoch:04d}_s{it:06d}'
         if is_sharded(self.learn.model): save_sharded(self.learn, st, self.dir/f'{name}.dcp')

@@ -19,7 +19,7 @@ _hooks = ('fp16','bf16','powersgd')
 
 def check_hook(name, backend=None):
     "Check a communication hook name against the backend, with one clear error"
-    if name is None: return
+    if name is None or callable(name): return # a callable is the user's own DDP hook, `hook(state, bucket)`
     if name not in _hooks: raise DistribError(f"comm_hook {name!r}: expected one of {', '.join(_hooks)}")
     if name=='bf16' and 'nccl' not in (backend or default_backend()): raise DistribError("comm_hook 'bf16' needs nccl (GPUs): gloo cannot all-reduce bfloat16; use 'fp16' or 'powersgd'")
 
@@ -64,13 +64,13 @@ def counted_hook(ch:CountedHook, bucket):
     if st.on_bucket is not None: st.on_bucket(bucket)
     return ch.hook(ch.state, bucket)
 
-def register_hook(tr):
-    "Register `tr.comm_hook` (None: DDP's all-reduce), counted, on the DDP model of trainer `tr`; the counts go to `tr.learn.comm_stats`"
+def register_hook(tr, stats:CommStats=None): # keep counting into these (a model wrapped again), instead of new ones
+    "Register `tr.comm_hook` (None: DDP's all-reduce; a callable: the user's own hook), counted, on the DDP model of trainer `tr`; the counts go to `tr.learn.comm_stats`"
     m,h = tr.learn.model,tr.comm_hook
     check_hook(h, dist.get_backend())
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=tr.powersgd_start) if h=='powersgd' else None
-    tr.learn.comm_stats = CommStats()
-    m.register_comm_hook(CountedHook(_fns[h], state, tr.learn.comm_stats), counted_hook)
+    tr.learn.comm_stats = stats or CommStats()
+    m.register_comm_hook(CountedHook(h if callable(h) else _fns[h], state, tr.learn.comm_stats), counted_hook)
 
 # %% ../nbs/02_comm.ipynb #84ae0184
 _ddp_keys = ('find_unused_parameters','static_graph','gradient_as_bucket_view','bucket_cap_mb','broadcast_buffers')

@@ -26,6 +26,7 @@ from .eval import ExactDL, reduce_metrics, is_distributed
 from .epoch_loss import EpochLoss
 from .shard import Sharded
 from .watchdog import Heartbeat, guard_exit
+from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
 use_slurm() # `srun python train.py`: the ranks come from SLURM's variables, before fastai reads them
@@ -81,8 +82,12 @@ def __init__(self:DistributedTrainer,
         shard_modules:list=None, # names of the blocks to shard as units (`learn.model.named_modules()`); None: chosen by size
         shard_min:int=1_000_000, # smallest number of parameters of an automatic unit
         shard_offload:bool=False, # keep the shards in CPU memory between uses (FSDP2's CPU offload; GPU only)
+        tune=False, # True: the first steps measure the fixed set of exact DDP settings and the run trains on with the fastest (`fastddp.tune`); 'lossy': also hooks and accumulation that change the numbers
+        tune_file:str=None, # JSON file of tuning decisions: applied without measuring when it holds one for this model, written otherwise
+        tune_candidates:list=None, # your own candidates (dicts of DDP options, `comm_hook`, `accum`, `name`) instead of the fixed set
+        tune_accum:int=None, # with tune='lossy': also try accumulating this many batches per optimizer step
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
-    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,shard,shard_modules,shard_min,shard_offload')
+    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,shard,shard_modules,shard_min,shard_offload,tune,tune_file,tune_candidates,tune_accum')
     self.sharded = None # the `Sharded` state, from the first fit to the end of the context
     if shard not in (False, True, 'grads'): raise DistribError(f"shard={shard!r}: expected True (parameters, gradients and optimizer state) or 'grads' (ZeRO-2)")
     if shard and (comm_hook or comm_stats): raise DistribError("comm_hook and comm_stats act on DDP's all-reduce: a sharded model reduce-scatters its gradients through FSDP2 instead")
@@ -215,6 +220,7 @@ def accumulate(self:AvgSmoothLoss, learn):
 def to_distributed(self:Learner, **kwargs):
     "Add a `DistributedTrainer` to train data-parallel"
     self.add_cb(DistributedTrainer(**kwargs))
+    if kwargs.get('tune'): self.add_cb(Tune())
     if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
@@ -228,6 +234,7 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     sh = [o.sharded for o in self.cbs if isinstance(o, DistributedTrainer) and o.sharded]
     if sh and gather: sh[0].gather()
     self.remove_cb(DistributedTrainer)
+    self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, Tune)))
     for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self

@@ -14,6 +14,7 @@ from fastai.distributed import *
 from .core import *
 from .eval import all_gather_list, is_distributed
 from .shard import rank_memory
+from .tune import tune_summary
 
 # %% ../nbs/05_timecost.ipynb #eb13fea5
 phases = ('data','forward','backward','comm','step','callbacks','other')
@@ -249,6 +250,8 @@ def report(self:TimeCost,
            +(f" ({st['comm_ms']:.1f} ms: {st['comm_mbit']:,.0f} Mbit/s effective)" if st['comm_mbit'] else '')]
     mem = [r['mem'] for r in self.ranks]
     ls.append("memory per rank (MiB, live tensors): "+'; '.join(f"rank {i}: parameters {m['params']:.1f}, gradients {m['grads']:.1f}, optimizer {m['opt']:.1f}"+(f", peak {m['peak']:.1f}" if 'peak' in m else '') for i,m in enumerate(mem)))
+    tu = getattr(self.learn, 'ddp_tuning', None) # `distrib_ctx(tune=True)`: what it chose, and which knob mattered
+    if tu: ls.append(f"DDP tuning: {tune_summary(tu)}")
     tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU
     if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None): ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
     rs = recommend(st, lim)

@@ -26,6 +26,7 @@ COMMANDS = [
     f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' --save {D}/11_soak_scripts.json",
     f"python tools/bench_hosts.py --rates 1gbit,100mbit --modes ddp,fp16,powersgd,acc4 --reps 5 --save {D}/12_hosts.json",
     f"python -m fastddp.bench --model tabular --modes ddp,nowatchdog --world-sizes 2 --reps 5 --no-time-cost --save {D}/13_watchdog.json",
+    f"python -m fastddp.bench --model tabular --steps 600 --modes ddp,tuned,t_one_bucket_view,t_one_bucket_static,t_one_bucket_view_static,t_25MiB,t_25MiB_view,t_25MiB_static,t_25MiB_view_static,t_5MiB,t_5MiB_view,t_5MiB_static,t_5MiB_view_static --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/14_tune.json",
     f"python -m fastddp.bench --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/15_shard.json",
     f"python -m fastddp.bench --model awd_lstm --steps 6 --warmup 2 --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/16_shard_awd_lstm.json",
     f"python tools/bench_shard_width.py --budget-mib 64 --save {D}/17_shard_width.json",
