@@ -32,10 +32,13 @@ def _line(d): return f"fastddp: this CPU has no fast {d} (autocast measured"
 
 @pytest.fixture
 def slow_cpu(tmp_path, monkeypatch):
-    "A cache directory holding this CPU's real probe; skips on a CPU that computes half precision fast"
+    "A cache directory holding this CPU's real probe, where a dtype this CPU computes fast is replaced by a slow one's figure"
     monkeypatch.setenv('FASTDDP_CACHE', str(tmp_path))
+    if torch.cuda.is_available(): pytest.skip("a GPU computes half precision fast: the CPU fallback is not used")
     rs = {d: half_ratio(getattr(torch, d)) for d in ('float16', 'bfloat16')}
-    if torch.cuda.is_available() or min(rs.values())<=max_ratio: pytest.skip(f"half precision is fast here: {rs}")
+    # CPUs differ (an AMD EPYC with AVX512-BF16 computes bfloat16 at 0.8x float32's time, one without at 10x): where this one
+    # is fast, the cache says what a slow one measured, so the fallback is tested on every machine
+    (tmp_path/'precision.json').write_text(json.dumps({cpu_key(): {d: max(r, 10.) for d,r in rs.items()}}))
     return tmp_path
 
 @pytest.mark.parametrize('n', [1, 2])
