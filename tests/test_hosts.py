@@ -77,12 +77,17 @@ import time
 class Slow(Callback):
     def after_batch(self): report(step=self.iter); time.sleep(1)''')
 
-def test_link_down(hosts, marker):
-    "The link goes down mid-run: both hosts end within the timeout with the lost peer named, and no process is left"
+def training(hosts, marker):
+    "Start the slow job on both hosts (`FASTDDP_TIMEOUT=15`) and return its Popens once both ranks train"
     ps,d = launch(hosts, _slow, marker, env={'FASTDDP_TIMEOUT': '15'})
-    while not all(o and 'step' in o for o in read_reports(d, 2)): # both ranks train
+    while not all(o and 'step' in o for o in read_reports(d, 2)):
         assert all(p.poll() is None for p in ps), [p.communicate()[0][-2000:] for p in ps]
         time.sleep(0.5)
+    return ps
+
+def test_link_down(hosts, marker):
+    "The link goes down mid-run: both hosts end within the timeout with the lost peer named, and no process is left"
+    ps = training(hosts, marker)
     subprocess.run(['ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'down'], check=True)
     t0 = time.time()
     try: outs = [p.communicate(timeout=120)[0] for p in ps]
@@ -95,10 +100,7 @@ def test_link_down(hosts, marker):
 def test_host_killed(hosts, marker):
     "One host's launcher and its workers are killed mid-run (the machine is gone): the other ends within the timeout, naming the lost rank, and no process is left"
     import psutil, signal
-    ps,d = launch(hosts, _slow, marker, env={'FASTDDP_TIMEOUT': '15'})
-    while not all(o and 'step' in o for o in read_reports(d, 2)): # both ranks train
-        assert all(p.poll() is None for p in ps), [p.communicate()[0][-2000:] for p in ps]
-        time.sleep(0.5)
+    ps = training(hosts, marker)
     # torch's agent starts each worker in its own session: the tree by parent PIDs, not the process group
     tree = [psutil.Process(ps[1].pid)]; tree += tree[0].children(recursive=True)
     for p in tree: p.send_signal(signal.SIGKILL)
