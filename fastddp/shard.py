@@ -9,7 +9,7 @@ __all__ = ['auto_units', 'check_units', 'bcast', 'BufferSync', 'shard_model', 'i
            'map_state', 'to_shard', 'to_full', 'meta_clone', 'full_state', 'Sharded', 'mem_stats', 'unit_mib',
            'peak_mib', 'rank_memory']
 
-# %% ../nbs/02h_shard.ipynb #2b19efce
+# %% ../nbs/02h_shard.ipynb #a95ebc2b
 import itertools, cloudpickle
 from copy import deepcopy
 from collections import defaultdict
@@ -22,7 +22,7 @@ from fastai.basics import *
 from fastai.optimizer import OptimWrapper, Lookahead
 from .core import *
 
-# %% ../nbs/02h_shard.ipynb #4df9ec84
+# %% ../nbs/02h_shard.ipynb #bc5e902d
 def _owners(model):
     "The names each parameter appears under: `{id: [names]}`"
     res = defaultdict(list)
@@ -33,7 +33,7 @@ def _unit_of(name, units):
     "The innermost unit in `units` that holds parameter `name` ('' is the root)"
     return max((u for u in ['', *units] if u=='' or name.startswith(u+'.')), key=len)
 
-# %% ../nbs/02h_shard.ipynb #1cbe1584
+# %% ../nbs/02h_shard.ipynb #510e9457
 def auto_units(model:nn.Module, # the model to shard
                min_params:int=1_000_000): # smallest number of parameters of a unit
     "Names of the blocks to shard as units, innermost first: those reaching `min_params` of parameters no smaller unit holds"
@@ -46,14 +46,14 @@ def auto_units(model:nn.Module, # the model to shard
     _walk(model, '')
     return res
 
-# %% ../nbs/02h_shard.ipynb #41769d53
+# %% ../nbs/02h_shard.ipynb #7e9de4b8
 def check_units(model, units):
     "Raise one clear error when a parameter is shared by two shard units"
     for ks in _owners(model).values():
         us = {_unit_of(k, units) or '<root>' for k in ks}
         if len(us)>1: raise DistribError(f"parameter {ks[0]} is shared by the shard units {', '.join(sorted(us))} (as {', '.join(ks)}): choose shard_modules that keep its uses in one unit")
 
-# %% ../nbs/02h_shard.ipynb #fe76c70a
+# %% ../nbs/02h_shard.ipynb #729157e6
 def bcast(ts, src=0):
     "Broadcast the tensors `ts` from rank `src` in place, one flat message per dtype"
     for dt in dict.fromkeys(t.dtype for t in ts): # the same order on every rank (a set's order follows hashes)
@@ -62,7 +62,7 @@ def bcast(ts, src=0):
         dist.broadcast(flat, src)
         for t,f in zip(g, torch._utils._unflatten_dense_tensors(flat, g)): t.copy_(f)
 
-# %% ../nbs/02h_shard.ipynb #8cdf38bf
+# %% ../nbs/02h_shard.ipynb #8ffbb9ba
 def _grad_sync(m):
     "Will the backward after this forward reduce the gradients? False while `Accumulate` has turned FSDP2's sync off"
     # FSDP2 has a setter (`set_requires_gradient_sync`) but no getter: its parameter groups hold the flag
@@ -80,7 +80,7 @@ class BufferSync:
     def remove(self):
         for h in self.hooks: h.remove()
 
-# %% ../nbs/02h_shard.ipynb #e8e182b5
+# %% ../nbs/02h_shard.ipynb #882b1aeb
 def shard_model(model:nn.Module, # the model, on this rank's device
                 units:list=None, # names of the blocks to shard as units; None: `auto_units`
                 min_params:int=1_000_000, # smallest unit, for `auto_units`
@@ -100,12 +100,12 @@ def shard_model(model:nn.Module, # the model, on this rank's device
     fully_shard(model, **kw)
     return units
 
-# %% ../nbs/02h_shard.ipynb #2ab9d1d6
+# %% ../nbs/02h_shard.ipynb #d405a8b0
 def is_sharded(model):
     "Is `model` sharded by FSDP2?"
     return isinstance(model, FSDPModule)
 
-# %% ../nbs/02h_shard.ipynb #02b30fdd
+# %% ../nbs/02h_shard.ipynb #3bd3f093
 def holder(opt):
     "The optimizer that holds the per-parameter state: `opt`, or the one fastai's `Lookahead` (`ranger`) wraps"
     return holder(opt.opt) if isinstance(opt, Lookahead) else opt
@@ -131,17 +131,17 @@ def map_state(opt, f):
     if getattr(opt, 'slow_weights', None) is not None:
         opt.slow_weights = L(L(f(s, p) for s,p in zip(ss, ps)) for ss,ps in zip(opt.slow_weights, opt.param_lists))
 
-# %% ../nbs/02h_shard.ipynb #15514cdb
+# %% ../nbs/02h_shard.ipynb #4b747975
 def to_shard(v, p):
     "State `v` laid out like the sharded parameter `p` (tensors of `p`'s shape; others unchanged)"
     if not isinstance(p, DTensor) or not isinstance(v, torch.Tensor) or isinstance(v, DTensor) or v.shape!=p.shape: return v
     return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
 
 def to_full(v, p=None):
-    "A sharded tensor gathered whole (a collective); anything else unchanged"
-    return v.full_tensor() if isinstance(v, DTensor) else v
+    "A sharded tensor gathered whole into CPU memory (a collective); anything else unchanged"
+    return v.full_tensor().cpu() if isinstance(v, DTensor) else v
 
-# %% ../nbs/02h_shard.ipynb #4b796ef3
+# %% ../nbs/02h_shard.ipynb #d9905c02
 def _tensors(model):
     "Every tensor `model` holds: parameters, buffers, and plain tensor attributes (an AWD-LSTM's dropped-out weights, an RNN's `_flat_weights`)"
     attrs = [v for m in model.modules() for o in m.__dict__.values() for v in (o if isinstance(o, (list, tuple)) else [o]) if isinstance(v, torch.Tensor)]
@@ -152,12 +152,12 @@ def meta_clone(model):
     meta = lambda t: nn.Parameter(torch.empty_like(t, device='meta'), t.requires_grad) if isinstance(t, nn.Parameter) else torch.empty_like(t, device='meta')
     return deepcopy(model, {id(t): meta(t) for t in _tensors(model)}) # deepcopy takes what the memo holds instead of copying it
 
-# %% ../nbs/02h_shard.ipynb #52c89907
-def full_state(model, cpu:bool=True):
-    "The whole state dict of a sharded `model` on every rank (a collective), in CPU memory when `cpu`"
-    return {k: (to_full(v).cpu() if cpu else to_full(v)) for k,v in model.state_dict().items()}
+# %% ../nbs/02h_shard.ipynb #401a990f
+def full_state(model):
+    "The whole state dict of a sharded `model` on every rank, in CPU memory (a collective)"
+    return {k: to_full(v).cpu() for k,v in model.state_dict().items()} # buffers too
 
-# %% ../nbs/02h_shard.ipynb #3f2a0591
+# %% ../nbs/02h_shard.ipynb #6f8876bb
 class Sharded:
     "Shard `learn`'s model and point its optimizer at the shards; `gather` ends it with a plain model holding the full weights"
     def __init__(self, learn, units=None, min_params=1_000_000, reshard=True, mp_policy=None, offload=False):
@@ -177,12 +177,12 @@ class Sharded:
         self.bsync.remove()
         self.plain.load_state_dict(full_state(m), assign=True)
         if learn.opt is not None:
-            map_state(learn.opt, lambda v,p: to_full(v).cpu() if isinstance(v, DTensor) else v)
+            map_state(learn.opt, to_full)
             new = dict(self.plain.named_parameters())
             remap_opt(learn.opt, {id(p): new[k] for k,p in m.named_parameters()})
         learn.model = self.plain
 
-# %% ../nbs/02h_shard.ipynb #5b549c36
+# %% ../nbs/02h_shard.ipynb #fe716dbe
 def _mib(ts):
     loc = lambda t: t.to_local() if isinstance(t, DTensor) else t
     return sum(loc(t).numel()*loc(t).element_size() for t in ts)/2**20
@@ -194,7 +194,7 @@ def mem_stats(model, opt=None):
     st += [t for pg in (getattr(opt, 'slow_weights', None) or []) for t in pg]
     return dict(params=_mib(ps), grads=_mib(p.grad for p in ps if p.grad is not None), opt=_mib(st))
 
-# %% ../nbs/02h_shard.ipynb #085dde80
+# %% ../nbs/02h_shard.ipynb #a5ac0774
 def unit_mib(model, units):
     "Full MiB of parameters each unit gathers (the root: what no other unit holds)"
     res = defaultdict(float)
@@ -209,7 +209,7 @@ def peak_mib(model, opt, units, reshard=True):
     u = unit_mib(model, units).values()
     return sum(st.values()) + 2*(max(u) if reshard else sum(u))
 
-# %% ../nbs/02h_shard.ipynb #c2347861
+# %% ../nbs/02h_shard.ipynb #61900b67
 def rank_memory(learn):
     "MiB `learn` holds on this rank (parameters, gradients, optimizer state) and its peak: measured on a GPU, computed on CPU when sharded"
     res = mem_stats(learn.model, learn.opt)
@@ -219,13 +219,13 @@ def rank_memory(learn):
     elif sh: res['peak'] = peak_mib(learn.model, learn.opt, sh[0].units, sh[0].reshard)
     return res
 
-# %% ../nbs/02h_shard.ipynb #789f55c2
+# %% ../nbs/02h_shard.ipynb #a06adc25
 _learner_save,_learner_load,_learner_export = Learner.save,Learner.load,Learner.export
 
 def _full_opt(opt):
     "`opt.state_dict()` with its tensors gathered whole, in CPU memory (a collective)"
     sd = opt.state_dict()
-    f = lambda v: to_full(v).cpu() if isinstance(v, torch.Tensor) else v
+    f = lambda v: to_full(v).cpu() if isinstance(v, torch.Tensor) else v # unsharded state too
     if sd.get('slow_weights') is not None: sd = {**sd, 'slow_weights': L(L(map(f, pg)) for pg in sd['slow_weights'])} # `Lookahead`
     if isinstance(holder(opt), OptimWrapper): return {**sd, 'state': {k:{n:f(v) for n,v in d.items()} for k,d in sd['state'].items()}}
     return {**sd, 'state': [{k:f(v) for k,v in d.items()} for d in sd['state']]}
@@ -242,7 +242,7 @@ def save(self:Learner, file, with_opt=True, pickle_protocol=2, **kwargs):
     dist.barrier() # nobody reads it before it is written
     return file
 
-# %% ../nbs/02h_shard.ipynb #6bc021a6
+# %% ../nbs/02h_shard.ipynb #cf9bb5d5
 @patch
 @delegates(load_model)
 def load(self:Learner, file, device=None, with_opt=True, strict=True, **kwargs):
@@ -260,7 +260,7 @@ def load(self:Learner, file, device=None, with_opt=True, strict=True, **kwargs):
         map_state(self.opt, to_shard)
     return self
 
-# %% ../nbs/02h_shard.ipynb #b9ccf29f
+# %% ../nbs/02h_shard.ipynb #20b12108
 @patch
 def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
     "Export the learner for inference; a sharded model is gathered by every rank and exported by rank 0 as a plain module"
@@ -269,8 +269,8 @@ def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_p
     plain = meta_clone(sh[0].sharded.plain) if sh and sh[0].sharded else None
     if plain is None: raise DistribError("export: the sharded model has no plain structure to gather into (it was not sharded by distrib_ctx)")
     plain.load_state_dict(full_state(m), assign=True)
-    self.model = plain
+    opt,self.model = self.opt,plain
     try:
         with self.removed_cbs(sh): _learner_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
-    finally: self.model = m
+    finally: self.model,self.opt = m,opt
     dist.barrier()

@@ -80,6 +80,7 @@ with l.distrib_ctx(shard=True, shard_min=1000):
     report(lr_find_restored=all(torch.equal(p.full_tensor(), v) for p,v in zip(l.model.parameters(), w)))
     l.dls = Datasets(list(torch.randn(4,8)), tfms=[[noop],[noop]]).dataloaders(bs=2, device='cpu') # export keeps an empty copy: fastai datasets
     l.export('shard.pkl')
+    report(opt_on_shards=all(p is q for p,q in zip(l.opt.all_params().itemgot(0), l.model.parameters()))) # export keeps the optimizer on the shards
 x = torch.randn(5,8)
 l.model.eval()
 report(export_x=x, export_pred=l.model(x).detach(), plain=not is_sharded(l.model))
@@ -137,7 +138,7 @@ def test_shard_memory(shard_ranks):
 def test_shard_save_load_export(shard_ranks):
     "`save` writes one full checkpoint from the gathered shards, `load` puts it back, `lr_find` restores, `export` loads in one process"
     ws,d,rs = shard_ranks
-    assert all(r['saved'] and r['best_saved'] and r['loaded'] and r['lr_find_restored'] and r['plain'] for r in rs)
+    assert all(r['saved'] and r['best_saved'] and r['loaded'] and r['lr_find_restored'] and r['opt_on_shards'] and r['plain'] for r in rs)
     assert {'grad_avg', 'sqr_avg'}<=set(rs[0]['opt_keys']) # fastai's Adam state, gathered whole
     from fastai.learner import load_learner
     l = load_learner(d/'shard.pkl')
