@@ -28,6 +28,7 @@ class ScriptError(DistribError):
 
 def run_main(f):
     "Call `f()`, turning a `ScriptError` into one line on rank 0 and exit code 2 on every rank"
+    use_slurm() # the scripts read their rank before `distrib_ctx` (to print, to download on rank 0 first)
     try: return f()
     except ScriptError as e:
         if is_rank0(): print(f"{Path(sys.argv[0]).name}: {e}", file=sys.stderr, flush=True)

@@ -160,8 +160,9 @@ class TimeCost(Callback):
 
 # %% ../nbs/05_timecost.ipynb #54947eb2
 @patch
-def time_cost(self:Learner, **kwargs):
-    "Add a `TimeCost` callback; then `self.time_cost` is that callback"
+def add_time_cost(self:Learner, **kwargs):
+    "Add a `TimeCost` callback, replacing one added before; then `self.time_cost` is that callback"
+    self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, TimeCost)))
     self.add_cb(TimeCost(**kwargs))
     return self
 

@@ -1,4 +1,4 @@
-"Importing fastddp leaves torch alone and rebinds no module-level name of fastai: it extends fastai only through its classes"
+"Importing fastddp leaves torch alone and neither rebinds nor adds a module-level name of fastai: it extends fastai only through its classes"
 import sys, json, subprocess
 import pytest
 
@@ -15,20 +15,33 @@ def snap():
     for n,m in list(sys.modules.items()):
         if not n.split('.')[0] in ('torch','fastai') or m is None: continue
         for k,v in list(vars(m).items()):
-            res[f'{n}.{k}'] = id(v)
+            res[f'{n}.{k}'] = id(v),inspect.ismodule(v),n
             if n.startswith('torch') and inspect.isclass(v) and v.__module__==n:
-                for a,o in list(vars(v).items()): res[f'{n}.{k}.{a}'] = id(o)
+                for a,o in list(vars(v).items()): res[f'{n}.{k}.{a}'] = id(o),False,n
     return res
 before = snap()
 import fastddp
 for o in pkgutil.iter_modules(fastddp.__path__): importlib.import_module(f'fastddp.{o.name}')
 after = snap()
-print(json.dumps(sorted(k for k in before if k in after and before[k]!=after[k])))
+changed = sorted(k for k in before if k in after and before[k]!=after[k])
+# names added to modules loaded before fastddp; importing a submodule binds it on its parent package: the one addition allowed
+mods = {n for _,_,n in before.values()}
+added = sorted(k for k,(_,is_mod,n) in after.items() if k not in before and n in mods and not is_mod)
+print(json.dumps(dict(changed=changed, added=added)))
 '''
 
 def test_no_rebinding():
-    "After importing every fastddp module, every torch module attribute, torch class attribute and fastai module attribute is the same object"
+    "After importing every fastddp module, every torch module attribute, torch class attribute and fastai module attribute is the same object, and none was added"
     p = subprocess.run([sys.executable, '-c', SNAPSHOT], capture_output=True, text=True, timeout=600)
     assert p.returncode==0, p.stderr[-3000:]
-    changed = json.loads(p.stdout.strip().splitlines()[-1])
-    assert changed==[], f"fastddp rebinds: {changed}"
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r['changed']==[], f"fastddp rebinds: {r['changed']}"
+    assert r['added']==[], f"fastddp adds: {r['added']}"
+
+def test_catches_additions():
+    "The snapshot sees a method added to a torch class and a name added to a fastai module (the test above can fail)"
+    code = SNAPSHOT.replace("import fastddp\n", "import fastddp\ntorch.nn.Linear.extra_thing = lambda self: 1\nfastai.learner.added_name = 1\n")
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=600)
+    assert p.returncode==0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert {'torch.nn.modules.linear.Linear.extra_thing', 'fastai.learner.added_name'} <= set(r['added']), r

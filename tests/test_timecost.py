@@ -33,7 +33,7 @@ def mk(s=0., opt_func=SGD):
     return Learner(dls, nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)), loss_func=MSELossFlat(), lr=1e-3, opt_func=opt_func)
 out = {}
 def run(nm, s=0., cbs=(), opt_func=SGD, **kw):
-    l = mk(s, opt_func).time_cost(**kw)
+    l = mk(s, opt_func).add_time_cost(**kw)
     w = Wall()
     with l.distrib_ctx(): l.fit(1, cbs=[w, *cbs])
     tc = l.time_cost
