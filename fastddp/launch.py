@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/launch.html.md"""
 
 # %% auto #0
 __all__ = ['LaunchError', 'parse_gpus', 'plan_procs', 'port_free', 'free_port', 'peer_lost', 'fail_msg', 'launch_config',
-           'launch', 'main']
+           'wait_master', 'launch', 'main']
 
 # %% ../nbs/01_launch.ipynb #14b49b4b
 import os, sys, socket, argparse, shlex, signal, subprocess, tempfile, uuid, time
@@ -143,15 +143,46 @@ def launch_config(a):
                         rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=cfg, max_restarts=a.max_restarts,
                         monitor_interval=0.1, logs_specs=logs, log_line_prefix_template='[rank${rank}]:'), msg
 
+# %% ../nbs/01_launch.ipynb #efd8e0d3
+def wait_master(addr:str, port:int, # where node rank 0's launcher listens
+                secs:float): # how long to wait
+    "Wait until something listens at `addr:port`, for up to `secs` seconds; whether it did"
+    end = time.monotonic()+secs
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(2, end-time.monotonic()))): return True
+        except OSError: # refused (nothing listens yet), unreachable, or no answer
+            if time.monotonic()>=end: return False
+            time.sleep(0.5)
+
+def _import_torch():
+    "Import torch with its C++ log quiet: a store that cannot connect prints C++ stack frames; the workers keep the user's setting"
+    if 'torch' in sys.modules: return
+    old = os.environ.get('TORCH_CPP_LOG_LEVEL')
+    os.environ['TORCH_CPP_LOG_LEVEL'] = old or 'FATAL' # read once, when torch loads
+    try: import torch
+    finally:
+        if old is None: del os.environ['TORCH_CPP_LOG_LEVEL']
+
+
 # %% ../nbs/01_launch.ipynb #9c1d4896
 def launch(argv=None):
     "Parse `argv`, start the workers and wait for them; return the exit code"
     a = _parser().parse_args(argv)
+    _import_torch()
     try: cfg,msg = launch_config(a)
     except LaunchError as e:
         print(f"fastddp-launch: {e}", file=sys.stderr)
         return 2
     if msg: print(f"fastddp-launch: {msg}", file=sys.stderr, flush=True)
+    if a.nnodes>1 and a.node_rank>0:
+        secs,at = distrib_timeout().total_seconds(),f"{a.master_addr}:{a.master_port}"
+        say = lambda s: print(f"fastddp-launch: {s}", file=sys.stderr, flush=True)
+        say(f"node rank {a.node_rank} of {a.nnodes}: waiting for the master at {at}, for up to {secs:g} s (FASTDDP_TIMEOUT)")
+        if not wait_master(a.master_addr, a.master_port, secs):
+            say(f"nothing answered at {at} within {secs:g} s: start node rank 0 there first, with the same --master-addr and --master-port, "
+                f"and check that this node reaches it (fastddp-doctor --peer {at})")
+            return 1
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     os.environ['PYTHONUNBUFFERED'] = '1'
     from torch.distributed.launcher.api import elastic_launch
