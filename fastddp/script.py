@@ -21,6 +21,7 @@ from .distrib import rank0_first
 from .checkpoint import Checkpoint
 from .shard import is_sharded
 from .timecost import TimeCost
+from .throughput import Throughput
 
 # %% ../nbs/08_script.ipynb #78e23618
 class ScriptError(DistribError):
@@ -78,14 +79,14 @@ def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
               accum:int=1, # micro-batches per optimizer step
               checkpoint:str=None, # folder for a checkpoint every epoch
               resume:bool=True, # continue from the newest checkpoint there
-              time_cost:bool=False, # time every step's phases; rank 0 prints the report after each fit
+              time_cost:bool=False, # time every step's phases and count its FLOPs; rank 0 prints the report (with MFU) after each fit
               out:str=None): # where the time-cost plot goes (`time_cost.png`)
     "The callbacks for the common flags"
     cbs = [EpochTimer(), WrapRecorder()]
     if scale_lr: cbs.append(ScaleLR(scale_lr, k=accum))
     if accum>1: cbs.append(Accumulate(accum))
     if checkpoint: cbs.append(Checkpoint(Path(checkpoint).expanduser().absolute(), resume='auto' if resume else False))
-    if time_cost: cbs.append(TimeCost(fname=Path(out).expanduser()/'time_cost.png' if out else None))
+    if time_cost: cbs += [Throughput(), TimeCost(fname=Path(out).expanduser()/'time_cost.png' if out else None)] # the report's FLOPs and MFU line
     return cbs
 
 # %% ../nbs/08_script.ipynb #8a0bf71c

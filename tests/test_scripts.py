@@ -73,7 +73,7 @@ def test_script_flags(tmp_path):
     n = sum(p.numel() for p in load_learner(tmp_path/'o'/'export.pkl').model.parameters())
     assert m['comm_mib']*2**20==2*n
     # the time-cost report, once, from rank 0, with both ranks' columns; its plot in --out
-    assert rs.out.count("time cost: 2 ranks")==1 and "rank 1: mean" in rs.out and "throughput:" in rs.out
+    assert rs.out.count("time cost: 2 ranks")==1 and "rank 1: mean" in rs.out and "throughput:" in rs.out and "model FLOPs: " in rs.out
     assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n'
 
 

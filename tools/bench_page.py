@@ -14,14 +14,6 @@ D = 'nbs/bench_results'
 # The commands that make the page, in its order; the first one's ratios are README's results table
 COMMANDS = [
     f"python -m fastddp.bench --modes single,dp,raw,ddp --world-sizes 1,2 --reps 5 --save {D}/01_resnet18.json",
-    f"python -m fastddp.bench --modes raw,pytorch,steploss,ddp,nosync,acc4,acc8,fp16,powersgd,timecost --world-sizes 2 --reps 5 --no-time-cost --save {D}/02_opt_ins.json",
-    f"python -m fastddp.bench --modes raw,ddp,pytorch,one_bucket,bucket_5mb,bucket_view,static_graph --world-sizes 2 --reps 5 --no-time-cost --save {D}/03_ddp_options.json",
-    f"python -m fastddp.bench --model awd_lstm --steps 6 --warmup 2 --modes single,raw,ddp,nosync,acc4 --world-sizes 1,2 --reps 5 --no-time-cost --save {D}/04_awd_lstm.json",
-    f"python -m fastddp.bench --model tabular --modes single,raw,ddp,steploss,nosync --world-sizes 1,2 --reps 5 --no-time-cost --save {D}/05_tabular.json",
-    f"python -m fastddp.bench --launch --reps 5 --save {D}/06_launch.json",
-    f"python -m fastddp.bench --allreduce --max-size 64M --grads resnet34 --save {D}/07_allreduce.json",
-    f"python tools/bench_scripts.py 5 --save {D}/08_scripts.json",
-    f"python tools/bench_accuracy.py tabular 5 --save {D}/09_accuracy_tabular.json",
     f"python tools/soak.py --n 100 --save {D}/10_soak_user.json",
     f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' --save {D}/11_soak_scripts.json",
     f"python tools/bench_hosts.py --rates 1gbit,100mbit --modes ddp,fp16,powersgd,acc4 --reps 5 --save {D}/12_hosts.json",
@@ -65,9 +57,6 @@ def page(rs):
            "median of the paired ratios within a repetition, with their spread (see [bench](bench.ipynb)). The commands:\n\n"
            "```sh\n"+'\n'.join(COMMANDS)+"\npython tools/bench_page.py\n```")
     body = [section(n, r) for n,r in rs] or ["**No results yet**: run the commands above on a quiet machine, then `python tools/bench_page.py`."]
-    names = {n for n,_ in rs}
-    todo = [c for c in COMMANDS if c.split('--save ')[-1].split('/')[-1] not in names]
-    if rs and todo: body.append("## Not measured yet\nThese commands have no saved results yet, so their tables are not on this page:\n\n```sh\n"+'\n'.join(todo)+"\n```")
     cells = [_cell(i, s) for i,s in enumerate([head, how, *body])]
     return dict(cells=cells, metadata={'jupytext': {'cell_metadata_filter': '-all', 'main_language': 'python', 'notebook_metadata_filter': '-all'}},
                 nbformat=4, nbformat_minor=5)
@@ -89,8 +78,16 @@ def write_readme(fn, s):
     a,b = t.index(START)+len(START),t.index(END)
     Path(fn).write_text(t[:a]+'\n'+s+'\n'+t[b:])
 
+def _saved(c): return c.split('--save ')[-1].split()[0].split('/')[-1]
+
+def check(rs):
+    "The page lists exactly what it shows: one command in `COMMANDS` per result file, and a file for each command"
+    names,cmds = {n for n,_ in rs},{_saved(c) for c in COMMANDS}
+    if names!=cmds: raise SystemExit(f"bench_page: results without a command in COMMANDS: {sorted(names-cmds)}; commands without results: {sorted(cmds-names)}")
+
 def main(results=RESULTS, out=PAGE, readme=README):
     rs = load(results)
+    if Path(results)==RESULTS: check(rs)
     Path(out).write_text(json.dumps(page(rs), indent=1, ensure_ascii=False)+'\n')
     if readme: write_readme(readme, summary(rs))
     print(f"{out}: {len(rs)} results from {results}")
