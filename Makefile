@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
 
-.PHONY: demo test check export docs chromium slurm bench clean
+.PHONY: demo test test-fast check export docs chromium slurm bench clean
 
 $(BIN)/.ok: requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,14 +21,21 @@ demo: $(BIN)/.ok
 	$(BIN)/fastddp-launch --nproc $(NPROC) scripts/demo_ddp.py
 
 # Notebooks are the source: fail when exporting or cleaning them would change a tracked file.
+# The benchmarks page and the README are generated too (from nbs/bench_results/ and nbs/index.ipynb); lines stay <= 140 characters.
 check: $(BIN)/.ok
 	$(BIN)/nbdev-export
+	$(BIN)/python tools/bench_page.py >/dev/null
 	$(BIN)/nbdev-clean
-	git diff --exit-code -- fastddp nbs || (echo "notebooks and modules disagree, or a notebook is not clean: run nbdev-export and nbdev-clean, then commit" && exit 1)
+	$(BIN)/python tools/readme.py --check
+	git diff --exit-code -- fastddp nbs README.md || (echo "notebooks and modules disagree, or a notebook is not clean, or a generated page is stale: run nbdev-export, python tools/bench_page.py and nbdev-clean, then commit" && exit 1)
 	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
 
 test: check chromium slurm
 	$(BIN)/python -m pytest -ra --durations=15
+
+# The fast tier for the edit-test loop (a few minutes): everything but the tests marked slow (see tests/conftest.py) and GPU tests.
+test-fast: $(BIN)/.ok chromium
+	$(BIN)/python -m pytest -ra -m "not slow" --durations=10
 
 # The docs site: `nbdev-docs` where Quarto is installed, otherwise nbdev's processed notebooks rendered by nbconvert (offline).
 docs: $(BIN)/.ok

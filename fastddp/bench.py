@@ -21,7 +21,7 @@ from .testing import run_ranks, report
 from .train import Accumulate
 from .timecost import TimeCost
 from .tune import candidates
-from .doctor import run_bench, parse_size, fmt_size
+from .allreduce import run_bench, parse_size, fmt_size
 from .throughput import train_flops
 from .shard import rank_memory
 from .probe import device_peak
@@ -342,7 +342,7 @@ def launch_table(res):
     return '\n'.join(ls+["", f"fastddp-launch / torchrun --standalone, paired: median {statistics.median(rs):.2f} (spread {min(rs):.2f}-{max(rs):.2f})"])
 
 # %% ../nbs/07_bench.ipynb #5272fdc4
-def allreduce_table(r:dict): # `fastddp.doctor.run_bench`'s result
+def allreduce_table(r:dict): # `fastddp.allreduce.run_bench`'s result
     "Markdown table of the all-reduce sweep: time, algorithm and bus bandwidth per size, against the memory-copy bandwidth"
     f = lambda o: '' if o is None else f'{o:.3f}'
     ls = [f"all_reduce (sum, float32) on {r['nproc']} {r['backend']} ranks; bus bandwidth = algorithm bandwidth × 2(n-1)/n; "

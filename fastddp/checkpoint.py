@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from fastai.basics import *
 from fastai.distributed import *
 from .core import *
-from .eval import all_gather_list
 from .watchdog import beat
 from .shard import is_sharded, holder, state_dicts
 

@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'cpus', 'rank_workers', 'n_workers',
            'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface', 'pick_iface', 'first_host', 'slurm_env',
-           'use_slurm', 'init_distrib']
+           'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, socket, ipaddress, datetime
@@ -220,3 +220,18 @@ def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gl
         st = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world_size(), is_master=False, timeout=kw['timeout'])
         kw.update(store=dist.PrefixStore(f'fastddp/attempt_{n}', st), rank=rank(), world_size=world_size())
     dist.init_process_group(**kw)
+
+# %% ../nbs/00_core.ipynb #df03401b
+def all_gather_list(o):
+    "`o` from every rank, in rank order (any picklable object; one collective)"
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_world_size()==1: return [o]
+    res = [None]*dist.get_world_size()
+    dist.all_gather_object(res, o)
+    return res
+
+# %% ../nbs/00_core.ipynb #76387859
+def is_distributed(learn):
+    "Is `learn` training data-parallel now, with a `DistributedTrainer` among its callbacks?"
+    from fastai.distributed import DistributedTrainer # here: importing core loads neither fastai nor torch
+    return any(isinstance(o, DistributedTrainer) for o in getattr(learn, 'cbs', ())) # a stand-in without callbacks (a metric's test) is not

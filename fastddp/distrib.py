@@ -22,7 +22,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from accelerate import Accelerator
 from .core import *
 from .comm import check_hook, ddp_kwargs, register_hook, ddp_keys
-from .eval import ExactDL, reduce_metrics, is_distributed
+from .eval import ExactDL, reduce_metrics
 from .epoch_loss import EpochLoss
 from .shard import Sharded
 from .watchdog import Heartbeat, guard_exit

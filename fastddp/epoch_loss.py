@@ -11,7 +11,7 @@ __all__ = ['RankSmoothLoss', 'smoothed', 'EpochLoss']
 import torch
 from fastai.basics import *
 from fastai.callback.schedule import LRFinder
-from .eval import all_gather_list
+from .core import all_gather_list
 
 # %% ../nbs/02b_epoch_loss.ipynb #2ac0d3a7
 class RankSmoothLoss(AvgSmoothLoss):

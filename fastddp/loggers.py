@@ -18,7 +18,6 @@ from fastai.callback.core import FetchPredsCallback
 from fastai.callback.progress import ShowGraphCallback
 from . import after_import
 from .core import *
-from .eval import is_distributed
 from .epoch_loss import EpochLoss
 
 # %% ../nbs/02g_loggers.ipynb #3d1e590c

@@ -13,7 +13,6 @@ from fastai.distributed import *
 from fastai.callback.progress import CSVLogger
 from fastai.callback.schedule import LRFinder
 from .core import *
-from .eval import all_gather_list, is_distributed
 
 # %% ../nbs/02c_rank_safe.ipynb #852c32a5
 _csv_before_fit = CSVLogger.before_fit

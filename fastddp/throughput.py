@@ -15,7 +15,6 @@ from fastai.basics import *
 from copy import deepcopy # after fastai, whose `*` exports a `copy` of its own
 from .core import *
 from .probe import cpu_peak, device_peak
-from .eval import all_gather_list, is_distributed
 
 # %% ../nbs/05a_throughput.ipynb #c36445d1
 _uncounted = (nn.RNNBase,) # `FlopCounterMode` has no formula for the fused RNN ops (LSTM, GRU, RNN)

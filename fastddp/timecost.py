@@ -12,7 +12,6 @@ import os, math, time, numpy as np, torch
 from fastai.basics import *
 from fastai.distributed import *
 from .core import *
-from .eval import all_gather_list, is_distributed
 from .shard import rank_memory
 from .tune import tune_summary
 

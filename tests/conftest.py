@@ -8,7 +8,13 @@ def has_cuda():
     import torch
     return torch.cuda.is_available()
 
+# modules that launch many runs, start clusters or run every notebook: `make test-fast` leaves them out (`-m "not slow"`)
+SLOW = {'test_notebooks', 'test_hosts', 'test_slurm', 'test_shard', 'test_tune', 'test_scripts', 'test_checkpoint', 'test_loggers',
+        'test_precision', 'test_bench', 'test_distrib', 'test_watchdog'}
+
 def pytest_collection_modifyitems(config, items):
+    for it in items:
+        if it.module.__name__ in SLOW: it.add_marker(pytest.mark.slow)
     if has_cuda(): return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for it in items:

@@ -83,19 +83,20 @@ def test_saved_result(results):
     assert l['kind']=='launch' and all(len(v)==1 and v[0]>0 for v in l['seconds'].values()) and 'torchrun' in l['table']
 
 def _page(results, tmp_path):
-    readme = tmp_path/'README.md'
-    readme.write_text("# x\n<!-- bench:start -->\nold\n<!-- bench:end -->\nrest\n")
+    index = tmp_path/'index.ipynb'
+    index.write_text(json.dumps(dict(cells=[dict(cell_type='markdown', id='a', metadata={}, source=["# x\n<!-- bench:start -->\nold\n<!-- bench:end -->\nrest"])],
+                                metadata={}, nbformat=4, nbformat_minor=5)))
     out = tmp_path/'benchmarks.ipynb'
-    p = subprocess.run([sys.executable, 'tools/bench_page.py', str(results), str(out), str(readme)], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, 'tools/bench_page.py', str(results), str(out), str(index)], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode==0, p.stderr
-    return ''.join(''.join(c['source']) for c in json.loads(out.read_text())['cells']), readme.read_text()
+    return ''.join(''.join(c['source']) for c in json.loads(out.read_text())['cells']), ''.join(json.loads(index.read_text())['cells'][0]['source'])
 
 def test_page(results, tmp_path):
     page,readme = _page(results, tmp_path)
     r = json.loads((results/'01_tiny.json').read_text())
     assert r['command'] in page and r['date'] in page and r['machine']['cpu'] in page and table(r) in page
     assert 'fastddp-launch / torchrun' in page and 'No results yet' not in page
-    assert 'old' not in readme and '| ddp@2 / raw@2 (vs hand-written DDP) |' in readme and readme.endswith('<!-- bench:end -->\nrest\n')
+    assert 'old' not in readme and '| ddp@2 / raw@2 (vs hand-written DDP) |' in readme and readme.endswith('<!-- bench:end -->\nrest')
 
 def test_page_empty(tmp_path):
     (tmp_path/'none').mkdir()

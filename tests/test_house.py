@@ -40,6 +40,7 @@ for nm,mk in (('tab',tab),('vis',vis)):
 print(json.dumps(out))
 '''
 
+@pytest.mark.slow
 def test_one_process_identical(tmp_path):
     "A one-process fit, `lr_find` and `get_preds` (tabular and vision) give bit-identical numbers with and without `import fastddp`"
     fn = tmp_path/'fit.py'; fn.write_text(FIT)

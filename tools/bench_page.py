@@ -1,14 +1,14 @@
-"""Write the benchmarks page `nbs/benchmarks.ipynb`, and README's results table, from the JSON results in `nbs/bench_results/`.
+"""Write the benchmarks page `nbs/benchmarks.ipynb`, and the front page's results table (in `nbs/index.ipynb`, then README), from the JSON results in `nbs/bench_results/`.
 
 Every table on the page comes from a result file that a benchmark command wrote with `--save` (`python -m fastddp.bench`,
 `tools/bench_scripts.py`, `tools/bench_accuracy.py`), in file-name order, with its command, machine and date. Nothing on
 the page is edited by hand: run the commands, then this script.
-Usage: `python tools/bench_page.py [RESULTS_DIR] [PAGE] [README]`"""
+Usage: `python tools/bench_page.py [RESULTS_DIR] [PAGE] [INDEX]`"""
 import json, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS,PAGE,README = ROOT/'nbs'/'bench_results',ROOT/'nbs'/'benchmarks.ipynb',ROOT/'README.md'
+RESULTS,PAGE,INDEX = ROOT/'nbs'/'bench_results',ROOT/'nbs'/'benchmarks.ipynb',ROOT/'nbs'/'index.ipynb'
 START,END = '<!-- bench:start -->','<!-- bench:end -->'
 D = 'nbs/bench_results'
 # The commands that make the page, in its order; the first one's ratios are README's results table
@@ -72,11 +72,14 @@ def summary(rs):
     return (f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")
 
-def write_readme(fn, s):
-    "Put `s` between README's markers"
-    t = Path(fn).read_text()
+def write_index(fn, s):
+    "Put `s` between the markers of the markdown cell of notebook `fn` that has them"
+    nb = json.loads(Path(fn).read_text())
+    c = next(c for c in nb['cells'] if START in ''.join(c['source']))
+    t = ''.join(c['source'])
     a,b = t.index(START)+len(START),t.index(END)
-    Path(fn).write_text(t[:a]+'\n'+s+'\n'+t[b:])
+    c['source'] = (t[:a]+'\n'+s+'\n'+t[b:]).splitlines(keepends=True)
+    Path(fn).write_text(json.dumps(nb, indent=1, ensure_ascii=False)+'\n')
 
 def _saved(c): return c.split('--save ')[-1].split()[0].split('/')[-1]
 
@@ -85,11 +88,14 @@ def check(rs):
     names,cmds = {n for n,_ in rs},{_saved(c) for c in COMMANDS}
     if names!=cmds: raise SystemExit(f"bench_page: results without a command in COMMANDS: {sorted(names-cmds)}; commands without results: {sorted(cmds-names)}")
 
-def main(results=RESULTS, out=PAGE, readme=README):
+def main(results=RESULTS, out=PAGE, index=INDEX):
     rs = load(results)
     if Path(results)==RESULTS: check(rs)
     Path(out).write_text(json.dumps(page(rs), indent=1, ensure_ascii=False)+'\n')
-    if readme: write_readme(readme, summary(rs))
+    if index: write_index(index, summary(rs))
+    if Path(index)==INDEX: # and the README made from it
+        sys.path.insert(0, str(ROOT/'tools'))
+        import readme; readme.main()
     print(f"{out}: {len(rs)} results from {results}")
 
 if __name__=='__main__': main(*sys.argv[1:4])
