@@ -41,7 +41,7 @@ def wait_gone(marker, timeout=30):
 @pytest.fixture(scope='session')
 def hosts():
     "Two hosts (network namespaces joined by a veth pair) for the tests across hosts (test_hosts, test_slurm); removed at the end"
-    from fastddp.testing import Hosts
+    from hosts import Hosts
     with Hosts() as hs: yield hs
 
 @pytest.fixture

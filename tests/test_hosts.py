@@ -114,3 +114,14 @@ def test_host_killed(hosts, marker):
     assert ps[0].returncode==1, out[-2000:]
     assert f"fastddp-launch: no rank on this node failed by itself: it lost its peer at {hosts[1][2]} on another node" in out, out[-2000:]
     assert wait_gone(marker, 20)==[]
+
+def test_hosts_removed():
+    "`Hosts` removes its namespaces on exit, also after an error inside"
+    from hosts import Hosts, _sh
+    try:
+        with Hosts() as hs:
+            names = [n for n,_,_ in hs.hosts]
+            assert all(n in _sh('ip', 'netns', 'list') for n in names)
+            raise KeyError('boom')
+    except KeyError: pass
+    assert not any(n in _sh('ip', 'netns', 'list') for n in names)

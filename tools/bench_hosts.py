@@ -1,6 +1,6 @@
 """The communication opt-ins across two hosts joined by a shaped link, against the same job on one host.
 
-Two network namespaces joined by a veth pair (`fastddp.testing.Hosts`; root only) are the hosts, `tc` limits the link.
+Two network namespaces joined by a veth pair (`Hosts` from tests/hosts.py; root only) are the hosts, `tc` limits the link.
 For each repetition, every (link, mode) run is a fresh pair of `fastddp-launch --nnodes 2` (one rank per host), the runs
 interleaved; "one host" is the same two ranks under one launcher, over loopback. The ratio is each run's samples/s over
 the one-host run of the same mode in the same repetition (median of the paired ratios, min-max); "wire" is the time the
@@ -10,7 +10,9 @@ Usage: python tools/bench_hosts.py [--rates 1gbit,100mbit] [--modes ddp,fp16,pow
 import os, sys, shlex, statistics, tempfile
 from pathlib import Path
 from fastcore.script import call_parse
-from fastddp.testing import Hosts, read_reports
+from fastddp.testing import read_reports
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]/'tests'))
+from hosts import Hosts # test code, kept with the tests
 from fastddp.bench import run_mode, save_result
 
 def _bits(rate): # '100mbit' -> bits per second
