@@ -13,14 +13,15 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh, pow
 from accelerate.utils import DistributedDataParallelKwargs
 from fastcore.basics import store_attr
 from .core import *
+from .internals import powersgd_compresses
 
 # %% ../nbs/02_comm.ipynb #0e64fd09
-_hooks = ('fp16','bf16','powersgd')
+_hook_names = ('fp16','bf16','powersgd')
 
 def check_hook(name, backend=None):
     "Check a communication hook name against the backend, with one clear error"
     if name is None or callable(name): return # a callable is the user's own DDP hook, `hook(state, bucket)`
-    if name not in _hooks: raise DistribError(f"comm_hook {name!r}: expected one of {', '.join(_hooks)}")
+    if name not in _hook_names: raise DistribError(f"comm_hook {name!r}: expected one of {', '.join(_hook_names)}")
     if name=='bf16' and 'nccl' not in (backend or default_backend()): raise DistribError("comm_hook 'bf16' needs nccl (GPUs): gloo cannot all-reduce bfloat16; use 'fp16' or 'powersgd'")
 
 # %% ../nbs/02_comm.ipynb #b9850174
@@ -37,7 +38,7 @@ def bucket_sent(hook, # one of torch's hooks in `_fns`
     for g in bucket.gradients():
         rows,cols = g.view(g.shape[0], -1).shape
         r = min(rows, cols, state.matrix_approximation_rank)
-        ok,full,low = psgd._should_compress(rows, cols, r, state.min_compression_rate)
+        ok,full,low = powersgd_compresses(rows, cols, r, state.min_compression_rate)
         n += low if ok else full
     return n*buf.element_size(),3
 

@@ -15,7 +15,7 @@ from torch import nn
 from fastai.basics import *
 from fastai.distributed import DistributedTrainer, DistributedDL
 from fastai.callback.core import FetchPredsCallback
-from fastai.callback.progress import ShowGraphCallback
+from fastai.callback.progress import ShowGraphCallback, CSVLogger
 from . import after_import
 from .core import *
 from .epoch_loss import EpochLoss
@@ -134,3 +134,11 @@ def before_fit(self:ShowGraphCallback):
     "Draw on rank 0; under DDP the other ranks have no progress bar to draw in"
     if is_distributed(self.learn) and not hasattr(self.learn, 'progress'): self.run = False; return
     _graph_before_fit(self)
+
+# %% ../nbs/02g_loggers.ipynb #852c32a5
+_csv_before_fit = CSVLogger.before_fit
+@patch
+def before_fit(self:CSVLogger):
+    "Prepare the log file, on rank 0 only when training data-parallel"
+    if rank_distrib() and is_distributed(self.learn): self.run = False; return # skips this fit's events; fastai resets `run` after it
+    _csv_before_fit(self)

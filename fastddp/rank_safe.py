@@ -1,4 +1,4 @@
-"""`CSVLogger` and `lr_find` under DDP: one log file, written by rank 0, and every rank restoring the weights it had before the search.
+"""`lr_find` under DDP: every rank restoring the weights it had before the search.
 
 Docs: https://fastddp.github.io/fastddp/rank_safe.html.md"""
 
@@ -10,17 +10,8 @@ __all__ = []
 # %% ../nbs/02c_rank_safe.ipynb #dadb555e
 from fastai.basics import *
 from fastai.distributed import *
-from fastai.callback.progress import CSVLogger
 from fastai.callback.schedule import LRFinder
 from .core import *
-
-# %% ../nbs/02c_rank_safe.ipynb #852c32a5
-_csv_before_fit = CSVLogger.before_fit
-@patch
-def before_fit(self:CSVLogger):
-    "Prepare the log file, on rank 0 only when training data-parallel"
-    if rank_distrib() and is_distributed(self.learn): self.run = False; return # skips this fit's events; fastai resets `run` after it
-    _csv_before_fit(self)
 
 # %% ../nbs/02c_rank_safe.ipynb #437eba08
 _lrf_before_fit = LRFinder.before_fit

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from fastai.basics import *
 from fastai.optimizer import OptimWrapper, Lookahead
 from .core import *
+from .internals import grad_sync
 
 # %% ../nbs/02h_shard.ipynb #bc5e902d
 def _owners(model):
@@ -58,15 +59,14 @@ def bcast(ts, src=0):
     "Broadcast the tensors `ts` from rank `src` in place, one flat message per dtype"
     for dt in dict.fromkeys(t.dtype for t in ts): # the same order on every rank (a set's order follows hashes)
         g = [t.data for t in ts if t.dtype==dt]
-        flat = torch._utils._flatten_dense_tensors(g)
+        flat = torch.cat([t.reshape(-1) for t in g])
         dist.broadcast(flat, src)
-        for t,f in zip(g, torch._utils._unflatten_dense_tensors(flat, g)): t.copy_(f)
+        for t,f in zip(g, flat.split([t.numel() for t in g])): t.copy_(f.view_as(t))
 
 # %% ../nbs/02h_shard.ipynb #8ffbb9ba
 def _grad_sync(m):
     "Will the backward after this forward reduce the gradients? False while `Accumulate` has turned FSDP2's sync off"
-    # FSDP2 has a setter (`set_requires_gradient_sync`) but no getter: its parameter groups hold the flag
-    return all(g.reduce_grads for g in m._get_fsdp_state()._fsdp_param_groups) if isinstance(m, FSDPModule) else True
+    return grad_sync(m) if isinstance(m, FSDPModule) else True
 
 class BufferSync:
     "Broadcast rank 0's buffers of `model` before each forward that follows a forward with gradients (and before the first), as DDP does"

@@ -16,6 +16,7 @@ from torch import nn
 from fastai.basics import *
 from fastai.distributed import DistributedTrainer
 from .core import *
+from .internals import remove_ddp_hooks
 from .comm import CommStats, register_hook
 from .train import Accumulate
 
@@ -62,11 +63,9 @@ def rewrap(tr:DistributedTrainer, # the trainer whose `learn.model` is DDP
     if 'init_sync' in _ddp_args: kw['init_sync'] = False
     # the old wrapper can outlive this (reference cycles wait for the garbage collector): its reducer's hooks on the
     # parameters must not fire in the next backward (with static_graph they fail an assertion inside DDP)
-    if hasattr(old, '_remove_autograd_hooks'): old._remove_autograd_hooks()
-    acc = tr.accelerator # Accelerate keeps the models it prepared: drop the old one
-    acc._models = [o for o in acc._models if o is not old]
+    remove_ddp_hooks(old)
     tr.learn.model = new = nn.parallel.DistributedDataParallel(old.module, **kw)
-    acc._models.append(new)
+    # Accelerate keeps the module it prepared (`old.module`, which `new` wraps too), not the wrapper: nothing to replace there
     if stats is not None: register_hook(tr, stats)
     return new
 
@@ -134,7 +133,7 @@ class Tune(Callback):
         self.base = ddp_settings(m) # what a candidate leaves unset stays as the run started, whichever candidate came before
         d,src = self.known()
         if d is not None: return self.apply(d, src)
-        self.cands = [{**c, 'name': _name(c)} for c in self.candidates(m)]
+        self.cands = [{**c, 'name': _name(c)} for c in self.to_try(m)]
         self.default = next((c['name'] for c in self.cands if not c.get('lossy') and all({**self.base, **c}[k]==v for k,v in self.base.items())), None)
         n = len(self.cands)
         self.plan = [i for r in range(self.reps) for i in (range(n) if r%2==0 else reversed(range(n)))]
@@ -144,7 +143,7 @@ class Tune(Callback):
         self.use(self.cands[self.plan[0]], self.stats)
         self.warm = self.settle
 
-    def candidates(self, m):
+    def to_try(self, m):
         "The user's candidates, or the fixed exact set (and the lossy ones with `tune='lossy'`)"
         tr = self.tr
         if tr.tune_candidates: return list(tr.tune_candidates)

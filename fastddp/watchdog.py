@@ -14,6 +14,7 @@ import fastddp
 import torch.distributed as dist
 from fastai.basics import *
 from .core import *
+from .internals import default_store
 
 # %% ../nbs/02w_watchdog.ipynb #33fcbf4c
 _last = [time.monotonic()] # when this process last made progress
@@ -67,8 +68,7 @@ def write_stacks(ident:int, # the thread that trains
 # %% ../nbs/02w_watchdog.ipynb #336bcb84
 def _store():
     "The default process group's store, None outside a process group"
-    if not dist.is_initialized(): return None
-    return dist.distributed_c10d._get_default_store()
+    return default_store()
 
 def _key(r): return f'fastddp/stalled/{r}'
 
