@@ -80,6 +80,7 @@ def splits_itself(ds, # your `IterableDataset`
 
 def _wds_stages(ds): return [getattr(o, '__name__', getattr(getattr(o, 'f', None), '__name__', type(o).__name__)) for o in getattr(ds, 'pipeline', [])]
 def _is_wds(ds): return type(ds).__module__.startswith('webdataset')
+def _resampled(st): return bool({'ResampledShards','ResampledShardList'} & set(st))
 def _is_hf(ds): return type(ds).__module__.startswith('datasets') and hasattr(ds, '_ex_iterable')
 
 def splits(ds):
@@ -90,7 +91,7 @@ def splits(ds):
     if _is_wds(ds):
         st = _wds_stages(ds)
         res = {'worker'} if 'split_by_worker' in st else set()
-        if 'ResampledShardList' in st: return {'rank','worker'} # draws shards at random: nothing to split
+        if _resampled(st): return {'rank','worker'} # draws shards at random: nothing to split
         if any(o in st for o in ('split_by_node',)) or 'fastddp_nodesplitter' in st: res.add('rank')
         return res
     return set()
@@ -100,11 +101,11 @@ def check_source(ds, ws:int):
     "Stop with one clear message when `ds` cannot be read on `ws` ranks as it is; say what a resampled source does"
     if not _is_wds(ds): return
     st = _wds_stages(ds)
-    if 'ResampledShardList' in st:
-        warn_once("WebDataset(resampled=True) draws shards with replacement on every rank and worker: an epoch is `n` items drawn, not one pass over the data (items repeat, some are not read)")
-    elif ws>1 and 'single_node_only' in st:
-        raise DistribError("this WebDataset reads every shard on every rank (nodesplitter=single_node_only, its default): "
+    if ws>1 and 'single_node_only' in st:
+        raise DistribError("this WebDataset refuses several ranks (nodesplitter=single_node_only, its default): "
                            "pass nodesplitter=wds.split_by_node to WebDataset")
+    if _resampled(st):
+        warn_once("WebDataset(resampled=True) draws shards with replacement on every rank and worker: an epoch is `n` items drawn, not one pass over the data (items repeat, some are not read)")
 
 # %% ../nbs/02s_stream.ipynb #c26d091c
 def stream_len(dl):
@@ -162,7 +163,7 @@ class _Stream:
             from datasets.distributed import split_dataset_by_node # by shard when they divide evenly, by item otherwise
             self.src = split_dataset_by_node(self.src, rank=self.rank, world_size=self.world_size)
         self.splits = splits(self.src)
-        self.endless = 'ResampledShardList' in _wds_stages(self.src)
+        self.endless = _resampled(_wds_stages(self.src))
 
     def set_epoch(self, epoch:int):
         "Draw this epoch's order (shard order, shuffle buffer), the same on every rank"
@@ -241,7 +242,7 @@ class StreamDL(_Stream, DistributedDL):
 
     def __iter__(self):
         it,n = self._batches(),len(self)
-        self.n_steps,self.n_items,self.n_left,self.keys = 0,0,0,None
+        self.n_steps,self.n_items,self.n_left,self.keys,self.agree_s = 0,0,0,None,0.
         nxt = next(it, None)
         wait = self._agree(nxt is not None)
         while (more:=wait()) and self.n_steps<n:
