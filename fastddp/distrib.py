@@ -127,7 +127,10 @@ from .stream import is_stream, stream_dl, StreamDL
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, cls=DistributedDL):
     "Shard `dl` across ranks with `cls` (over a stream: `StreamDL` or `StreamExactDL`), its batches on this rank's device"
-    if is_stream(dl): return stream_dl(dl, exact=issubclass(cls, ExactDL), device=self.accelerator.device)
+    if is_stream(dl):
+        # a sharded forward is a collective: validation would need the flag too, which `StreamExactDL` does not take yet
+        if self.shard and issubclass(cls, ExactDL): raise DistribError("validation over a stream with shard=True is not supported yet: validate on a map-style loader (a list or a Dataset with __getitem__)")
+        return stream_dl(dl, exact=issubclass(cls, ExactDL), device=self.accelerator.device)
     return dl if isinstance(dl, DistributedDL) else cls(dl, device=self.accelerator.device)
 
 # %% ../nbs/03_distrib.ipynb #5e7a0a02

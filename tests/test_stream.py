@@ -71,7 +71,7 @@ out = {}
 ss = list(sources())
 for name,src,vsrc,kw in ss:
     if name=='wdsref': continue
-    for nw in ((0,2) if full or name=='shards' else (2,)):
+    for nw in ((0,2) if name=='shards' else (2,)): # workers 0 and 2 on fastddp's own split, 2 on the others
         # the single-process reference: the same weights, the whole validation stream in one process
         l = learner(ss[3][1] if name=='wds' else src, 0, kw, vsrc)
         one = dict(val=list(l.validate()), preds=l.get_preds()[0].tolist())
