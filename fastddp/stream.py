@@ -262,6 +262,9 @@ class StreamDL(_Stream, DistributedDL):
         warn_once(f"rank {self.rank}: {self.n_left} items of this epoch's stream were not trained because {why} (uneven parts: see fastddp.stream)")
 
     def to_detach(self, b, cpu=True, gather=True): return to_detach(b, cpu, gather)
+    def one_batch(self):
+        "The first batch of this rank's part, without the flag: `one_batch` may run on one rank only (`show_batch`, a summary)"
+        with self.fake_l.no_multiproc(): return first(b for b,_ in self._batches())
 
 # %% ../nbs/02s_stream.ipynb #b8397484
 class StreamExactDL(_Stream, ExactDL):
