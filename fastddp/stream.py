@@ -8,8 +8,8 @@ Docs: https://fastddp.github.io/fastddp/stream.html.md"""
 __all__ = ['is_stream', 'Shards', 'splits_itself', 'splits', 'check_source', 'stream_len', 'flag_group', 'StreamDL',
            'StreamExactDL', 'stream_dl']
 
-# %% ../nbs/02s_stream.ipynb #79172406
-import os, time, random, itertools, warnings
+# %% ../nbs/02s_stream.ipynb #e5a2d698
+import time, random, itertools
 import torch, torch.distributed as dist
 from torch.utils.data import IterableDataset
 from fastai.basics import *
