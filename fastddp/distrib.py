@@ -153,10 +153,21 @@ def zero_grad(self:Optimizer):
         else: p.grad.detach_(); p.grad.zero_()
 
 # %% ../nbs/03_distrib.ipynb #f25f86fd
+from .stream import is_stream, stream_dl, StreamDL
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, cls=DistributedDL):
-    "Shard `dl` across ranks with `cls`, its batches on this rank's device"
+    "Shard `dl` across ranks with `cls` (over a stream: `StreamDL` or `StreamExactDL`), its batches on this rank's device"
+    if is_stream(dl):
+        # a sharded forward is a collective: validation would need the flag too, which `StreamExactDL` does not take yet
+        if self.shard and issubclass(cls, ExactDL): raise DistribError("validation over a stream with shard=True is not supported yet: validate on a map-style loader (a list or a Dataset with __getitem__)")
+        return stream_dl(dl, exact=issubclass(cls, ExactDL), device=self.accelerator.device)
     return dl if isinstance(dl, DistributedDL) else cls(dl, device=self.accelerator.device)
+
+# %% ../nbs/03_distrib.ipynb #5e7a0a02
+@patch
+def before_train(self:DistributedTrainer):
+    self.learn.dl = self._wrap_dl(self.learn.dl)
+    if isinstance(self.learn.dl, StreamDL): self.learn.dl.set_epoch(self.epoch)
 
 # %% ../nbs/03_distrib.ipynb #446a20c6
 @patch

@@ -22,6 +22,7 @@ COMMANDS = [
     f"python -m fastddp.bench --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/15_shard.json",
     f"python -m fastddp.bench --model awd_lstm --steps 6 --warmup 2 --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/16_shard_awd_lstm.json",
     f"python tools/bench_shard_width.py --budget-mib 64 --save {D}/17_shard_width.json",
+    f"python tools/bench_stream.py --items 8000 --reps 5 --width 1024 --save {D}/21_stream.json",
 ]
 
 def load(d=RESULTS):
