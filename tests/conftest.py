@@ -10,7 +10,7 @@ def has_cuda():
 
 # modules that launch many runs, start clusters or run every notebook: `make test-fast` leaves them out (`-m "not slow"`)
 SLOW = {'test_notebooks', 'test_hosts', 'test_slurm', 'test_shard', 'test_tune', 'test_scripts', 'test_checkpoint', 'test_loggers',
-        'test_precision', 'test_bench', 'test_distrib', 'test_watchdog'}
+        'test_precision', 'test_bench', 'test_distrib', 'test_watchdog', 'test_stream', 'test_compile', 'test_preempt', 'test_overhead'}
 
 def pytest_collection_modifyitems(config, items):
     for it in items:
