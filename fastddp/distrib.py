@@ -194,6 +194,11 @@ def new(self, dataset=None, cls=None, **kwargs):
     return res
 
 # %% ../nbs/03_distrib.ipynb #a7c10005
+def _left_default(dl):
+    "Was `dl`'s worker count left at fastai's default? Loaders made before fastddp's patches loaded carry no note: fastai's default count stands for it"
+    if 'default_workers' in dl.__dict__: return dl.default_workers
+    return isinstance(dl, TfmdDL) and dl.fake_l.num_workers==min(16, defaults.cpus)
+
 @patch
 def _share_workers(self:DistributedTrainer):
     "Give each loader left at fastai's default worker count this rank's share of the CPUs; warn once about a chosen count that oversubscribes them"
@@ -202,7 +207,7 @@ def _share_workers(self:DistributedTrainer):
     for dl in self.dls.loaders:
         fl = dl.__dict__.get('fake_l') # fastai's loaders keep their worker count there; a torch `DataLoader` has none
         if fl is None or isinstance(dl, DistributedDL): continue
-        if dl.__dict__.get('default_workers'):
+        if _left_default(dl):
             if fl.num_workers==w: continue
             warn_once(f"DataLoader workers: {w} per rank instead of fastai's default {fl.num_workers} ({nproc} ranks share {n} CPUs); pass num_workers= to choose")
             self.old_workers.append((fl, fl.num_workers))

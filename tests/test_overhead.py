@@ -10,7 +10,6 @@ from torch import nn
 from torch.utils.data import TensorDataset
 from torch.overrides import TorchFunctionMode
 from fastai.basics import *
-from fastai.distributed import *
 from fastprogress.fastprogress import ProgressBar
 from fastddp.eval import all_gather_list
 from fastddp.testing import report
@@ -22,6 +21,7 @@ x,y = torch.randn(8*ws*steps, 16, generator=g),torch.randint(0, 4, (8*ws*steps,)
 def model(): torch.manual_seed(0); return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 kw = {} if nw=='default' else dict(num_workers=int(nw))
 dls = DataLoaders.from_dsets(TensorDataset(x, y), TensorDataset(x[:20], y[:20]), bs=8, device='cpu', **kw)
+from fastai.distributed import * # after the loaders: fastddp's patches load only now, as when a script calls distrib_ctx without importing it
 
 # the calls that copy a tensor to the host (on a GPU: wait for it), counted between before_batch and the end of after_batch
 _syncs = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.__bool__, torch.Tensor.__float__,

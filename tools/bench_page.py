@@ -32,7 +32,8 @@ COMMANDS = [
     f"python tools/bench_shard_width.py --budget-mib 64 --save {D}/17_shard_width.json",
     f"python -m fastddp.bench --model mlp --steps 1000 --warmup 50 --modes raw,fastai,single,ddp,nosync --world-sizes 1,2 --reps 5 --no-time-cost --no-hooks --png '' --save {D}/18_short_steps.json",
     f"python tools/bench_workers.py --reps 5 --counts 0,1,2 --save {D}/19_pets_workers.json",
-    f"python tools/step_cost.py --steps 600 --reps 3 --save {D}/21_step_cost.json",
+    f"python tools/step_cost.py --steps 300 --warmup 50 --reps 3 --save {D}/21_step_cost.json",
+    f"python tools/short_steps.py --blocks 12 --steps 200 --save {D}/22_short_steps_paired.json",
 ]
 
 def load(d=RESULTS):

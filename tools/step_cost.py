@@ -88,7 +88,7 @@ res = {k:v/steps*1e3 for k,v in acc.items()}
 res['total step'] = (learn.clock.t1-learn.clock.t)/steps*1e3
 cb_in = sum(v for k,v in res.items() if k.startswith('callback '))
 res['event dispatch (with the callbacks in it)'] -= cb_in
-if 'model forward (the module itself)' in res: res['DDP forward: wrapper + module'] -= res['model forward (the module itself)']
+if 'DDP forward: wrapper + module' in res: res['DDP forward: wrapper + module'] -= res['model forward (the module itself)']
 extra = {}
 if ws>1: # the all-reduce of the gradients alone, and the backward alone (no_sync), after the fit on the same model
     g = torch.zeros(sum(p.numel() for p in learn.model.parameters()))
