@@ -8,7 +8,9 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 __all__ = ['setup_distrib', 'teardown_distrib', 'rank0_first', 'check_args']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
-import sys, atexit, inspect, difflib
+import os, sys, atexit, inspect, difflib
+from functools import wraps
+from types import MethodType
 import torch, torch.distributed as dist
 from torch import nn
 from fastai.basics import *
@@ -17,6 +19,7 @@ import fastai.distributed as fd
 from fastai.distributed import ParallelTrainer
 from fastai.callback.progress import ProgressCallback
 from fastai.optimizer import Optimizer
+from fastai.data.core import TfmdDL
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from accelerate import Accelerator
@@ -177,6 +180,7 @@ def before_fit(self:DistributedTrainer):
         try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
         except Exception as e: raise DistribError(f"sync_bn: this model's BatchNorm layers cannot become SyncBatchNorm ({type(e).__name__}: {e}); pass sync_bn=False to distrib_ctx") from e
     self.learn.model = self._shard(m) if self.shard else self.accelerator.prepare(m)
+    self._share_workers()
     self.old_dls = list(self.dls)
     self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
     if rank_distrib(): self.learn.logger = noop
@@ -210,8 +214,53 @@ def _mp_policy(self:DistributedTrainer):
 def after_fit(self:DistributedTrainer):
     if not self.shard: self.learn.model = self.learn.model.module # a sharded model stays sharded until the context ends
     self.learn.dls.loaders = self.old_dls
+    self._restore_workers()
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
     if self.opt is not None: self.opt.set_to_none = False
+
+# %% ../nbs/03_distrib.ipynb #a7c10002
+_tfmd_init,_tfmd_new = TfmdDL.__init__,TfmdDL.new
+
+@patch_to(TfmdDL)
+@wraps(_tfmd_init) # fastai's signature, for `delegates` and the docs
+def __init__(self, *args, **kwargs):
+    _tfmd_init(self, *args, **kwargs)
+    self.default_workers = len(args)<4 and kwargs.get('num_workers') is None # `num_workers` is the 4th argument: (dataset, bs, shuffle, num_workers)
+
+@patch_to(TfmdDL)
+@wraps(_tfmd_new)
+def new(self, dataset=None, cls=None, **kwargs):
+    res = _tfmd_new(self, dataset, cls, **kwargs)
+    res.default_workers = self.__dict__.get('default_workers', False) and 'num_workers' not in kwargs
+    return res
+
+# %% ../nbs/03_distrib.ipynb #a7c10005
+def _left_default(dl):
+    "Was `dl`'s worker count left at fastai's default? Loaders made before fastddp's patches loaded carry no note: fastai's default count stands for it"
+    if 'default_workers' in dl.__dict__: return dl.default_workers
+    return isinstance(dl, TfmdDL) and dl.fake_l.num_workers==min(16, defaults.cpus)
+
+@patch
+def _share_workers(self:DistributedTrainer):
+    "Give each loader left at fastai's default worker count this rank's share of the CPUs; warn once about a chosen count that oversubscribes them"
+    self.old_workers = [] # (loader, its count) to restore after the fit
+    n,nproc,w = cpus()[0],int(os.environ.get('LOCAL_WORLD_SIZE') or 1),n_workers()
+    for dl in self.dls.loaders:
+        fl = dl.__dict__.get('fake_l') # fastai's loaders keep their worker count there; a torch `DataLoader` has none
+        if fl is None or isinstance(dl, DistributedDL): continue
+        if _left_default(dl):
+            if fl.num_workers==w: continue
+            warn_once(f"DataLoader workers: {w} per rank instead of fastai's default {fl.num_workers} ({nproc} ranks share {n} CPUs); pass num_workers= to choose")
+            self.old_workers.append((fl, fl.num_workers))
+            fl.num_workers = w
+        elif nproc*(1+fl.num_workers)>n:
+            warn_once(f"num_workers={fl.num_workers}: {nproc} ranks × (1 + {fl.num_workers} workers) = {nproc*(1+fl.num_workers)} processes on {n} CPUs, which slows every rank; num_workers={w} fits (or leave num_workers out)")
+
+@patch
+def _restore_workers(self:DistributedTrainer):
+    "Give the loaders their own worker counts back"
+    for fl,w in getattr(self, 'old_workers', []): fl.num_workers = w
+    self.old_workers = []
 
 # %% ../nbs/03_distrib.ipynb #5a1d0c11
 @patch
@@ -255,6 +304,22 @@ def accumulate(self:AvgSmoothLoss, learn):
     self.count += 1
     self.val = torch.lerp(to_detach(learn.loss.mean(), gather=is_distributed(learn)), self.val, self.beta)
 
+# %% ../nbs/03_distrib.ipynb #a7c10007
+def _call_one(self:Learner, event_name):
+    "fastai's `Learner._call_one`, with each event's callbacks found once per state of `learn.cbs`"
+    if not hasattr(event, event_name): raise Exception(f'missing {event_name}')
+    c = self.__dict__['_cb_cache']
+    if c.get(None)!=self.cbs.items: c.clear(); c[None] = list(self.cbs.items) # a callback was added or removed: find them again
+    cbs = c.get(event_name)
+    if cbs is None: cbs = c[event_name] = [cb for cb in self.cbs.sorted('order') if event_name=='after_fit' or hasattr(cb, event_name)]
+    for cb in cbs: cb(event_name)
+
+def _cache_dispatch(learn, on:bool=True):
+    "Make `learn` dispatch its events through the cached `_call_one` (`on`), or through fastai's again"
+    if on: learn._cb_cache,learn._call_one = {},MethodType(_call_one, learn)
+    else:
+        for k in ('_cb_cache','_call_one'): learn.__dict__.pop(k, None)
+
 # %% ../nbs/03_distrib.ipynb #5c315e5d
 @patch
 @delegates(DistributedTrainer.__init__)
@@ -262,6 +327,7 @@ def to_distributed(self:Learner, **kwargs):
     "Add a `DistributedTrainer` to train data-parallel, replacing one added before"
     self.detach_distributed() # a second call replaces the trainer (and its watchdog and tuner) with one of the new settings
     self.add_cb(DistributedTrainer(**kwargs))
+    _cache_dispatch(self)
     if kwargs.get('tune'): self.add_cb(Tune())
     if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
     if rank_distrib(): self.remove_cb(ProgressCallback)
@@ -276,6 +342,7 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     sh = [o.sharded for o in self.cbs if isinstance(o, DistributedTrainer) and o.sharded]
     if sh and gather: sh[0].gather()
     self.remove_cb(DistributedTrainer)
+    _cache_dispatch(self, False)
     self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, Tune)))
     for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())

@@ -183,13 +183,16 @@ def shm_check(free:int, # bytes free in /dev/shm (None: there is none)
 # %% ../nbs/06_doctor.ipynb #71eb5def
 def cpu_check(n:int, # CPUs usable
               nproc:int, # ranks on this machine
-              workers:int): # DataLoader workers per rank
+              workers:int=None): # DataLoader workers per rank you chose; None: left at fastai's default, which `distrib_ctx` shares
     "Warn when the ranks and their workers are more processes than CPUs"
+    w = rank_workers(n, nproc)
+    if workers is None:
+        if nproc>n: return chk('cpus', f"{nproc} ranks on {n} CPUs", False, f"more ranks than CPUs: use --nproc {n}", warn=True)
+        return chk('cpus', f"{nproc} ranks × (1 + {w} workers) = {nproc*(1+w)} processes on {n} CPUs: DataLoaders left at fastai's default get {w} workers per rank inside distrib_ctx")
     v = f"{nproc} ranks × (1 + {workers} workers) = {nproc*(1+workers)} processes on {n} CPUs"
     if nproc*(1+workers)<=n: return chk('cpus', v)
     if nproc>n: return chk('cpus', v, False, f"more ranks than CPUs: use --nproc {n} (and num_workers=0)", warn=True)
-    w = rank_workers(n, nproc)
-    return chk('cpus', v, False, f"use num_workers={w} in your DataLoaders (fastai's default is min(16, CPUs) per rank)", warn=True)
+    return chk('cpus', v, False, f"num_workers={workers} oversubscribes the CPUs: use num_workers={w}, or leave num_workers out (distrib_ctx then gives each rank {w})", warn=True)
 
 # %% ../nbs/06_doctor.ipynb #e168e8f0
 def host_check():
@@ -224,17 +227,17 @@ def reach_check(peer:str): # 'HOST:PORT', such as the master's rendezvous addres
 
 # %% ../nbs/06_doctor.ipynb #968af50d
 def checkup(nproc:int=None, # ranks planned on this machine (None: one per GPU, 2 without)
-            workers:int=None, # DataLoader workers per rank (None: fastai's default, min(16, CPUs))
+            workers:int=None, # DataLoader workers per rank you chose (None: left at fastai's default, which `distrib_ctx` shares among the ranks)
             peer:str=None): # 'HOST:PORT' whose rendezvous port should answer from here
     "Everything `fastddp-doctor` finds on this machine, as a dict"
     v,b,gs,pa,e = versions(),backends(),gpus(),peer_access(),dist_env()
     n,n_all = cpus()
     nproc = nproc or len(gs) or 2
-    workers = min(16, n) if workers is None else workers
+    chosen,workers = workers,rank_workers(n, nproc) if workers is None else workers # the count each rank will run
     free = shutil.disk_usage('/dev/shm').free if os.path.isdir('/dev/shm') else None
     env = dict(vars=e, cpus=n, cpus_machine=n_all, nproc=nproc, workers=workers, shm_free=free)
     cs = [python_check(v['python']), packages_check(v), backend_check(b), gpu_check(gs, nproc), peer_check(pa), env_check(e), port_check(e),
-          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, workers), precision_check(half_precision()), host_check()]
+          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, chosen), precision_check(half_precision()), host_check()]
     cs += [o for o in (slurm_check(), peer and reach_check(peer)) if o]
     return dict(versions=v, backends=b, gpus=gs, peer=pa, topo=topo(), env=env, checks=cs, status=status(cs))
 
@@ -285,7 +288,7 @@ def _is_model(name):
 def doctor(json:bool=False, # print the report as JSON
            bench:bool=False, # also measure all-reduce bandwidth on `nproc` ranks
            nproc:int=None, # ranks planned on this machine (default: one per GPU, 2 without a GPU)
-           workers:int=None, # DataLoader workers per rank planned (default: fastai's, min(16, CPUs))
+           workers:int=None, # DataLoader workers per rank you chose (default: left at fastai's, which `distrib_ctx` shares among the ranks)
            model:str=None, # with --bench: time one all-reduce of this torchvision model's gradients, e.g. resnet34
            max_size:str='256M', # with --bench: the largest message, in bytes or with K, M, G (powers of 1024)
            peer:str=None): # HOST:PORT of another node's rendezvous (the master's): is it reachable from here?

@@ -214,11 +214,16 @@ def _comm_advice(st, lim):
     a,b = (cmp,acc) if slow else (acc,cmp)
     return f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}): {st['comm_mib']:.1f} MiB all-reduced per step{rate}; {a}; or {b}; or a bigger batch per rank, or tune bucket_cap_mb"
 
+def _workers(w):
+    "The worker count in words: this rank's, the ranks sharing the machine's CPUs, and the share that keeps each process on a core"
+    n,nproc = cpus()[0],int(os.environ.get('LOCAL_WORLD_SIZE') or 1)
+    return f"num_workers={w} per rank now, {nproc} rank{'s'*(nproc>1)} on {n} CPUs here; {rank_workers(n, nproc)} per rank keeps each process on its own core"
+
 def recommend(st, lim=None):
     "`(factor, advice)` for each factor whose number in `stats` output `st` passes its limit in `lim`"
     lim,sh,res = {**limits, **(lim or {})},st['share'],[]
     dev = 'GPU' if st['cuda'] else 'CPU'
-    if sh['data']>lim['data']: res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step (limit {lim['data']:.0%}): use more DataLoader workers (num_workers={st['workers']} now, {os.cpu_count()} CPUs here) or lighter item transforms; on a GPU, pin_memory=True so copies run asynchronously, and augmentation on the device (batch transforms)"))
+    if sh['data']>lim['data']: res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step (limit {lim['data']:.0%}): use more DataLoader workers ({_workers(st['workers'])}) or lighter item transforms; on a GPU, pin_memory=True so copies run asynchronously, and augmentation on the device (batch transforms)"))
     if sh['comm']>lim['comm']: res.append(('comm', _comm_advice(st, lim)))
     if st['imbalance']>lim['imbalance']: res.append(('imbalance', f"rank {st['straggler']} is the straggler: busy {max(st['busy_ms']):.1f} ms per step vs {min(st['busy_ms']):.1f} ms on the fastest rank (+{st['imbalance']:.0%}, limit {lim['imbalance']:.0%}); the others wait for it in the all-reduce: look for uneven data (item sizes, transforms) or a slow rank or device"))
     comp = sh['forward']+sh['backward']+sh['step']

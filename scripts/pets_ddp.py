@@ -49,13 +49,14 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
          out:str=None, # folder for metrics.json and export.pkl
          checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
          resume:bool=True, # with --no-resume, start over even if --checkpoint holds one
-         time_cost:bool=False): # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
+         time_cost:bool=False, # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
+         workers:int=None): # DataLoader workers per rank; default: this rank's share of the CPUs (`n_workers()`); -1: leave num_workers out (fastai's default, which distrib_ctx shares)
     "Fine-tune `arch` on the pet breeds; labels from the file names, images converted to RGB"
     def _run():
         set_seed(seed)
         path = get_data('pets', data, synthetic)
         a,w = rank0_first(get_arch, arch, pretrained, weights) # rank 0 fetches the weights, the others find them cached
-        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed, num_workers=n_workers())
+        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed, **({} if workers==-1 else dict(num_workers=n_workers() if workers is None else workers)))
         learn = vision_learner(dls, a, pretrained=pretrained, weights=w, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
         t0 = time.time()
         with run_ctx(learn, dp, fp16, shard, shard_grads, comm_hook=comm_hook): learn.fine_tune(epochs, lr)

@@ -102,3 +102,12 @@ def test_page_empty(tmp_path):
     (tmp_path/'none').mkdir()
     page,readme = _page(tmp_path/'none', tmp_path)
     assert 'No results yet' in page and 'python -m fastddp.bench --modes single,dp,raw,ddp' in page and 'No benchmark results yet' in readme
+
+def test_short_step_modes():
+    "The MLP workload: `fastai` is fastai's own fit in a process without fastddp's patches; `hooks=False` leaves DDP's own all-reduce on both sides"
+    from fastddp.bench import run_mode
+    kw = dict(arch='mlp', size=0, bs=8, steps=3, warmup=1)
+    assert run_mode('fastai', **kw)['samples_per_s']>0 # `run_plain` raises if fastddp's patches were loaded
+    for k in ('raw@2', 'ddp@2'):
+        o = run_mode(k, hooks=False, **kw)
+        assert o['samples_per_s']>0 and o['syncs'] is None and o['ddp']['bucket_bytes_cap']>0, (k, o)

@@ -22,6 +22,10 @@ COMMANDS = [
     f"python -m fastddp.bench --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/15_shard.json",
     f"python -m fastddp.bench --model awd_lstm --steps 6 --warmup 2 --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/16_shard_awd_lstm.json",
     f"python tools/bench_shard_width.py --budget-mib 64 --save {D}/17_shard_width.json",
+    f"python -m fastddp.bench --model mlp --steps 1000 --warmup 50 --modes raw,fastai,single,ddp,nosync --world-sizes 1,2 --reps 5 --no-time-cost --no-hooks --png '' --save {D}/18_short_steps.json",
+    f"python tools/bench_workers.py --reps 5 --counts 0,1,2 --save {D}/19_pets_workers.json",
+    f"python tools/step_cost.py --steps 300 --warmup 50 --reps 3 --save {D}/21_step_cost.json",
+    f"python tools/short_steps.py --blocks 12 --steps 200 --save {D}/22_short_steps_paired.json",
     f"python tools/bench_stream.py --items 8000 --reps 5 --width 1024 --save {D}/21_stream.json",
 ]
 
@@ -70,6 +74,8 @@ def summary(rs):
     r = b[0]
     ls = ["| ratio | median | spread |", "|---|---|---|"]
     ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |" for k,(md,lo,hi,_) in ratios(r['samples_per_s']).items()]
+    short = [o for n,o in rs if n.startswith('18_short_steps')] # short steps (the MLP): fastddp against the hand-written loop
+    if short: ls += [f"| short steps (mlp): {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |" for k,(md,lo,hi,_) in ratios(short[0]['samples_per_s']).items() if k.startswith('ddp@2 / raw@2')]
     return (f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")
 
