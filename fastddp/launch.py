@@ -200,6 +200,8 @@ def launch(argv=None):
     from torch.distributed.elastic.multiprocessing.api import SignalException
     import logging
     logging.getLogger('torch.distributed.elastic').setLevel(logging.CRITICAL) # the agent's log lines repeat what the summary below says, and hide the script's output
+    for k in list(logging.root.manager.loggerDict): # torch's modules set their own level
+        if k.startswith('torch.distributed.elastic'): logging.getLogger(k).setLevel(logging.CRITICAL)
     fwd = Forward(cfg.shutdown_timeout).install()
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
     except ChildFailedError as e:

@@ -105,3 +105,29 @@ def test_torchrun_usr1_and_one_rank(tmp_path, ref, marker):
     again = run_ranks(PRE, n=2, launcher='torchrun', largs=largs, args=[tmp_path, 'at=train@1.3', 'to=launcher', 'sig=SIGUSR1', marker])
     for o in again: assert torch.equal(_flat(o['w']), ref)
     assert not wait_gone(marker, 10)
+
+def test_validation_last_step_no_checkpoint(tmp_path, ref, marker):
+    "Without Checkpoint, SIGUSR1 during validation: every rank stops after the epoch, one line, exit 128+10. With it, SIGTERM in the very last step: the final checkpoint, exit 75; the same command again trains nothing and ends bit-equal"
+    rs = run_ranks(PRE, n=2, args=[tmp_path/'a', 'at=valid@1', 'to=launcher', 'sig=SIGUSR1', 'nock', marker], check=False)
+    st = _stopped(rs, 128+signal.SIGUSR1)
+    assert (st['epoch'], st['it'], st['ckpt']) == (2, 0, None), st
+    assert rs.out.count("fastddp: SIGUSR1: every rank stopped at epoch 2, step 0; no checkpoint")==1 and 'Traceback' not in rs.out, rs.out[-3000:]
+    assert "fastddp-launch: stopped by SIGUSR1" in rs.out, rs.out[-3000:]
+    assert not wait_gone(marker, 10); _gone(rs)
+    args = [tmp_path/'b', 'at=last', 'to=launcher', 'sig=SIGTERM', marker]
+    st = _stopped(run_ranks(PRE, n=2, args=args, check=False))
+    assert (st['epoch'], st['it'], st['ckpt']) == (3, 0, 'ckpt_e0003_s000000.pth'), st
+    again = run_ranks(PRE, n=2, args=args)
+    assert "resuming from" in again.out and "(epoch 3 of 3, step 0)" in again.out, again.out[-3000:]
+    for o in again: assert torch.equal(_flat(o['w']), ref)
+
+def test_sharded(tmp_path, marker):
+    "Sharded (FSDP2): SIGUSR1 to the launcher mid-epoch: every rank writes its shards at one step, exit 75; the same command again ends bit-equal to an uninterrupted sharded run"
+    ref = run_ranks(PRE, n=2, args=[tmp_path/'ref', 'shard'])
+    args = [tmp_path/'run', 'at=train@1.3', 'to=launcher', 'sig=SIGUSR1', 'shard', marker]
+    st = _stopped(run_ranks(PRE, n=2, args=args, check=False))
+    assert st['epoch']==1 and 3<st['it']<12 and st['ckpt']==f"ckpt_e0001_s{st['it']:06d}.dcp", st
+    assert (tmp_path/'run'/'checkpoints'/st['ckpt']/'meta.pth').is_file()
+    assert not wait_gone(marker, 10)
+    again = run_ranks(PRE, n=2, args=args)
+    for o,r in zip(again, ref): assert torch.equal(_flat(o['w']), _flat(r['w']))
