@@ -22,9 +22,10 @@ class Preempted(SystemExit):
                  sig:str, epoch:int, it:int, # the signal's name, and where training stopped: `it` steps into `epoch`
                  ckpt=None, # the checkpoint written there
                  write:float=None, # seconds the checkpoint took
-                 secs:float=None): # seconds from the first signal (on any rank) to the checkpoint on disk
+                 secs:float=None, # seconds from the first signal (on any rank) to the checkpoint on disk
+                 steps:int=None): # training steps done after that signal, before every rank stopped
         super().__init__(code)
-        self.sig,self.epoch,self.it,self.ckpt,self.write,self.secs = sig,epoch,it,ckpt,write,secs
+        self.sig,self.epoch,self.it,self.ckpt,self.write,self.secs,self.steps = sig,epoch,it,ckpt,write,secs,steps
 
 # %% ../nbs/02p_preempt.ipynb #bb028e67
 class _Quiet:
@@ -67,7 +68,7 @@ class Preempt(Callback):
     def _handler(self, s, frame):
         "Only note the signal (a second one too, say SLURM's SIGTERM after its warning): the work waits for a step boundary"
         self.n_sig += 1
-        if not self.got: self.t_sig = time.time()
+        if not self.got: self.t_sig,self.it_sig = time.time(),getattr(self.learn, 'train_iter', 0)
         if s not in self.got: self.got.append(signal.Signals(s))
 
     def restore(self):
@@ -109,9 +110,9 @@ def _halt(self:Preempt, s, epoch, it):
     beat() # the watchdog's clock starts again for the write
     ck = self.save_at(epoch, it)
     t1 = time.time()
-    ts = torch.tensor([self.t_sig or float('inf')], dtype=torch.float64)
+    ts = torch.tensor([self.t_sig, self.it_sig] if self.got else [float('inf')]*2, dtype=torch.float64) # the earliest signal on any rank
     if self.group is not None: dist.all_reduce(ts, op=dist.ReduceOp.MIN, group=self.group)
-    self.stop = dict(sig='+'.join(o.name for o in s), epoch=epoch, it=it, ckpt=ck, write=t1-t0, secs=t1-float(ts) if ck else None)
+    self.stop = dict(sig='+'.join(o.name for o in s), epoch=epoch, it=it, ckpt=ck, write=t1-t0, secs=t1-float(ts[0]), steps=self.train_iter-int(ts[1]))
 
 @patch
 def after_batch(self:Preempt):
@@ -144,7 +145,7 @@ def _exit(self:Preempt):
     st = self.stop
     code = PREEMPTED if st['ckpt'] else 128+signal.Signals[st['sig'].split('+')[0]].value
     where = f"{st['sig']}: every rank stopped at epoch {st['epoch']}, step {st['it']}"
-    if st['ckpt']: msg = f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s after the signal; exit code {code}: the same command resumes"
+    if st['ckpt']: msg = f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s and {st['steps']} step(s) after the signal; exit code {code}: the same command resumes"
     else: msg = f"; no checkpoint (add Checkpoint() to resume from here); exit code {code}"
     rank0_print(f"fastddp: {where}{msg}", file=sys.stderr)
     if st['ckpt']: self._requeue()
