@@ -47,7 +47,7 @@ learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True, num_workers=nw), 
 try:
     with learn.distrib_ctx(**(dict(shard=True, shard_min=10) if 'shard' in flags else {})): learn.fit_one_cycle(3, 0.01)
 except Preempted as e:
-    report(stop=dict(code=e.code, sig=e.sig, epoch=e.epoch, it=e.it, ckpt=e.ckpt and Path(e.ckpt).name, secs=e.secs, write=e.write), handlers=[signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)])
+    report(stop=dict(code=e.code, sig=e.sig, epoch=e.epoch, it=e.it, ckpt=e.ckpt and Path(e.ckpt).name, secs=e.secs, write=e.write, steps=e.steps), handlers=[signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)])
     raise
 report(w=[p.detach().clone() for p in learn.model.parameters()], ckpts=[f.name for f in checkpoints(path/'checkpoints')] if (path/'checkpoints').exists() else [],
        handlers=[signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)])
@@ -80,6 +80,7 @@ def test_launcher_term(tmp_path, ref, marker):
     st = _stopped(rs)
     assert st['epoch']==1 and 3<st['it']<12 and st['ckpt']==f"ckpt_e0001_s{st['it']:06d}.pth" and st['sig']=='SIGTERM', st
     assert st['secs']>=st['write']>=1, st # the write took the 1 s sleep after the second SIGTERM, and the line says how long from the signal
+    assert 1<=st['steps']<=2, st # the step under way when the signal came, and the one the asynchronous answer lags (check=1): none is lost
     assert (tmp_path/'checkpoints'/st['ckpt']).is_file() and not list((tmp_path/'checkpoints').glob('*.tmp'))
     assert f"fastddp: SIGTERM: every rank stopped at epoch 1, step {st['it']}; checkpoint" in rs.out and "exit code 75: the same command resumes" in rs.out, rs.out[-3000:]
     assert "every rank wrote the checkpoint and stopped: exit code 75" in rs.out and 'Traceback' not in rs.out, rs.out[-3000:]
