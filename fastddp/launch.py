@@ -174,7 +174,8 @@ class Forward:
         self.sig,end = signal.Signals(s),time.monotonic()+self.grace
         while len(self.codes)<len(ps) and time.monotonic()<end:
             for p in set(ps)-set(self.codes):
-                r = os.waitid(os.P_PID, p, os.WEXITED|os.WNOHANG|os.WNOWAIT) # look, and leave the reaping to the agent
+                try: r = os.waitid(os.P_PID, p, os.WEXITED|os.WNOHANG|os.WNOWAIT) # look, and leave the reaping to the agent
+                except ChildProcessError: self.codes[p] = None; continue # reaped already: its code is unknown here
                 if r is not None: self.codes[p] = r.si_status if r.si_code==os.CLD_EXITED else -r.si_status
             time.sleep(0.02)
         for p in ps: _kill(p, signal.SIGKILL, group=True) # the late ranks, and any rank's DataLoader workers
