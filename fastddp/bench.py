@@ -24,6 +24,7 @@ from .tune import candidates
 from .allreduce import run_bench, parse_size, fmt_size
 from .throughput import train_flops
 from .shard import rank_memory
+from .preempt import Preempt
 from .probe import device_peak
 
 # %% ../nbs/07_bench.ipynb #a334c3a7
@@ -121,7 +122,8 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
                time_cost:bool=False, # time the phases with `TimeCost` and report their means (ms, rank 0)
                ddp:dict=None, # DDP options for `distrib_ctx` (`gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`, ...)
                watchdog:bool=True, # False: train without the heartbeat and its watchdog (`FASTDDP_STALL=0`)
-               hooks:bool=True): # False: no `comm_stats` hook (DDP's own all-reduce; syncs and bytes then unknown)
+               hooks:bool=True, # False: no `comm_stats` hook (DDP's own all-reduce; syncs and bytes then unknown)
+               preempt:int=None): # steps between two checks for a stop signal (`fastddp.preempt`); 0: no handler; None: the default
     "Samples/s of fastai's `fit` (inside `distrib_ctx` on several ranks) and what it all-reduced; `bs` is the global batch"
     from fastai.basics import Learner, CrossEntropyLossFlat, SGD, Callback, partial
     from fastai.callback.progress import ProgressCallback
@@ -147,7 +149,11 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     learn.remove_cb(ProgressCallback)
     ctx = (learn.parallel_ctx() if dp else
            learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, comm_stats=hooks and not (ddp or {}).get('shard'), **(ddp or {})) if ws>1 else nullcontext())
-    with ctx: learn.fit(1)
+    with ctx:
+        for o in learn.cbs.filter(lambda o: type(o) is Preempt and preempt is not None): # the one `distrib_ctx` added
+            if preempt: o.check = preempt
+            else: learn.remove_cb(o)
+        learn.fit(1)
     st = getattr(learn, 'comm_stats', None)
     res = dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=st.syncs if st else None if ws>1 and not dp else 0, bytes_per_sync=st.bytes_per_sync if st else 0., ddp=tm.ddp, mem=tm.mem)
     if time_cost: res['phases'] = {p:v[0][0] for p,v in learn.time_cost.stats()['phases'].items()}
@@ -213,6 +219,9 @@ def runs(ms, wss=(2,)):
 
 # %% ../nbs/07_bench.ipynb #7c3d0b02
 modes.update(shard=(run_fastai, dict(ddp=dict(shard=True))), shard_grads=(run_fastai, dict(ddp=dict(shard='grads')))) # the default units
+
+# %% ../nbs/07_bench.ipynb #7c3d0b05
+modes.update(nopreempt=(run_fastai, dict(preempt=0)), preempt8=(run_fastai, dict(preempt=8))) # the stop flag's all-reduce: none, every 8 steps (default: every step)
 
 # %% ../nbs/07_bench.ipynb #16f50ef2
 def bench_worker(run, time_cost=False, **kw):
@@ -457,7 +466,7 @@ def main(model:str='resnet18', # workload: a torchvision model on images, 'mlp' 
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync fastai single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog shard shard_grads tuned t_<candidate>
+         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync fastai single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog nopreempt preempt8 shard shard_grads tuned t_<candidate>
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side
          no_hooks:bool=False, # no Python comm hook counting the all-reduces, on either side: DDP's own all-reduce (the headline short-step rows)

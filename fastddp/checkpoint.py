@@ -9,7 +9,7 @@ __all__ = ['rng_state', 'set_rng_state', 'write_tmp', 'commit_tmp', 'save_atomic
            'load_sharded', 'Resume', 'Checkpoint']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
-import os, random, shutil, numpy as np, torch
+import os, sys, random, shutil, subprocess, numpy as np, torch
 import torch.distributed as dist, torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 from fastai.optimizer import OptimWrapper
@@ -20,6 +20,7 @@ from fastai.distributed import *
 from .core import *
 from .watchdog import beat
 from .shard import is_sharded, holder, state_dicts
+from .preempt import Preempt
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -142,19 +143,24 @@ class Resume:
     dl0:object=None # the training loader's generator as that epoch began: it draws the epoch's order again
     phase:str='training' # 'skip epochs' -> 'replay order' -> 'skip batches' (when `step`) -> 'training'
 
-class Checkpoint(Callback):
-    "Save a checkpoint every epoch (and every `every` steps) into `path`; with `resume='auto'`, continue from the newest"
-    order = 70 # after `Recorder` (50) has logged the epoch
+class Checkpoint(Preempt):
+    "Save a checkpoint every epoch (and every `every` steps) into `path`, and where a signal stops the fit; with `resume='auto'`, continue from the newest"
+    order,saves = 70,True # after `Recorder` (50) has logged the epoch
     def __init__(self, path='checkpoints', # folder, relative to `learn.path` unless absolute
                  every='epoch', # 'epoch', or a number of training steps
                  resume='auto', # 'auto': continue from the newest checkpoint in `path`; False: start over
-                 keep:int=2): # checkpoints to keep
-        store_attr()
+                 keep:int=2, # checkpoints to keep
+                 signals=('SIGTERM', 'SIGUSR1'), # signals that checkpoint every rank at one step and exit with code 75 (`fastddp.preempt`); () for none
+                 check:int=1, # training steps between two checks for a signal (an asynchronous all-reduce)
+                 requeue:bool=True): # under SLURM, after a SIGUSR1 (`sbatch --signal=USR1@T`), requeue the job once that checkpoint is on disk
+        store_attr('path,every,resume,keep,requeue')
+        super().__init__(signals, check)
     @property
     def dir(self): return Path(self.learn.path)/self.path
 
     def before_fit(self):
-        self.resumed = Resume()
+        super().before_fit() # the signal handlers
+        self.resumed,self.last = Resume(),None
         if not self.resume: return
         f,st = load_latest(self.dir)
         if st is None: return
@@ -167,6 +173,7 @@ class Checkpoint(Callback):
         if st.get('scaler') is not None and getattr(self.learn, 'scaler', None) is not None: self.learn.scaler.load_state_dict(st['scaler'])
         if st.get('ddp_tuning') is not None: self.learn.ddp_tuning = st['ddp_tuning'] # `fastddp.tune` applies it without measuring again
         rng = st['rng'][rank()] if st['ws']==world_size() else st['rng'][0]
+        self.last = (st['epoch'], st['iter'], f)
         self.resumed = Resume(st['epoch'], st['iter'], rng, st['dl0'], 'skip epochs')
         if st['ws']!=world_size(): warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order re-sharded")
         rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
@@ -192,6 +199,7 @@ class Checkpoint(Callback):
                 set_rng_state(self.learn, {**r.rng, 'dl': _train_dl(self.learn).rng.getstate()})
                 r.phase = 'training'
         elif self.every!='epoch' and self.train_iter%self.every==0: self._save(self.epoch, self.iter+1)
+        super().after_batch() # a signal: every rank saves here and stops
 
     def _save(self, epoch, it):
         st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, ws=world_size(), rng=all_gather_list(rng_state(self.learn)), dl0=self.dl0,
@@ -206,9 +214,25 @@ class Checkpoint(Callback):
         if is_rank0():
             for o in checkpoints(self.dir)[self.keep:]: _remove(o) # only once the new one is complete
         distrib_barrier() # nobody moves on, or reads it, before it is written
+        self.last = (epoch, it, self.dir/(name+('.dcp' if is_sharded(self.learn.model) else '.pth')))
+        return self.last[2]
     def write(self, st, fn):
         "Write the checkpoint `st` to `fn` (rank 0 only), atomically"
         return save_atomic(st, fn)
 
     def after_epoch(self):
         if self.resumed.phase!='skip epochs': self._save(self.epoch+1, 0) # not for the epochs skipped on resume
+        super().after_epoch()
+
+    def _ready(self): return self.resumed.phase=='training' # while it skips, the weights are not those of the current step
+    def _requeue(self):
+        "Under SLURM, on rank 0, requeue this job now that its checkpoint is on disk (as Lightning does); SLURM then stops it"
+        jid = os.environ.get('SLURM_JOB_ID')
+        if not (self.requeue and jid and is_rank0() and 'SIGUSR1' in self.stop['sig']): return # not on SIGTERM alone: `scancel` sends it
+        if os.environ.get('SLURM_ARRAY_JOB_ID'): jid = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        try: r = subprocess.run(['scontrol', 'requeue', jid], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e: return print(f"fastddp: could not requeue SLURM job {jid}: {e}", file=sys.stderr, flush=True)
+        print(f"fastddp: SLURM job {jid} "+("requeued" if r.returncode==0 else f"not requeued: {(r.stderr or r.stdout).strip()} (submit it with --requeue)"), file=sys.stderr, flush=True)
+    def save_at(self, epoch, it):
+        "The checkpoint at `it` steps into `epoch`: the one written or loaded there, or a new one"
+        return self.last[2] if self.last and self.last[:2]==(epoch, it) else self._save(epoch, it)

@@ -29,6 +29,7 @@ from .eval import ExactDL, reduce_metrics
 from .epoch_loss import EpochLoss
 from .shard import Sharded
 from .watchdog import Heartbeat, guard_exit
+from .preempt import Preempt
 from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
@@ -330,6 +331,7 @@ def to_distributed(self:Learner, **kwargs):
     _cache_dispatch(self)
     if kwargs.get('tune'): self.add_cb(Tune())
     if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
+    if world_size()>1: self.add_cb(Preempt()) # SIGTERM/SIGUSR1: every rank stops at one step (a `Checkpoint` saves there)
     if rank_distrib(): self.remove_cb(ProgressCallback)
     return self
 
@@ -345,6 +347,8 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     _cache_dispatch(self, False)
     self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, Tune)))
     for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
+    for o in self.cbs.filter(lambda o: isinstance(o, Preempt)): o.restore() # the signal handlers, after a fit that raised
+    self.remove_cbs(self.cbs.filter(lambda o: type(o) is Preempt))
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 

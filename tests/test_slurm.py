@@ -151,3 +151,33 @@ def test_two_nodes(cluster2, tmp_path, recipe, opts, n):
     for o in rs[1:]: assert torch.equal(rs[0]['w'], o['w']), log[-3000:]
     assert "which reaches the master" in log, log[-3000:] # each node picked the interface to the other
     if recipe=='task_per_gpu': assert "fastddp: srun step without a launcher: 2 ranks, 1 on this node, master fdnode1:" in log, log[-3000:]
+
+def test_requeue(cluster, tmp_path, marker):
+    "The requeue recipe, 2 srun tasks: SIGUSR1 from SLURM mid-epoch (scancel --signal, as --signal=USR1@T sends it) checkpoints every rank at one step, rank 0 requeues the job, which resumes and ends with the uninterrupted weights, bit for bit"
+    from test_preempt import PRE, _flat
+    from fastddp.testing import run_ranks
+    ref = _flat(run_ranks(PRE, n=2, args=[tmp_path/'ref'])[0]['w'])
+    (tmp_path/'pre.py').write_text(PRE)
+    env = {**cluster, 'FASTDDP_REPORT_DIR': str(tmp_path), 'OMP_NUM_THREADS': '1'}
+    out = subprocess.run(['sbatch', '--parsable', '--ntasks-per-node', '2', f'--output={tmp_path}/job.out', '--chdir', str(tmp_path),
+                          str(ROOT/'scripts'/'slurm'/'requeue.sbatch'), str(tmp_path/'pre.py'), str(tmp_path/'run'), 'at=train@1.3', 'to=slurm', 'sig=SIGUSR1', marker],
+                         env=env, capture_output=True, text=True, timeout=60)
+    jid = out.stdout.strip().split(';')[0]; assert jid, out.stderr
+    end,states = time.time()+300,[]
+    while time.time()<end:
+        info = subprocess.run(['scontrol', 'show', 'job', jid], env=env, capture_output=True, text=True).stdout
+        state = re.search(r'JobState=(\S+)', info).group(1)
+        if not states or states[-1]!=state: states.append(state)
+        if state=='PENDING' and 'Reason=BeginTime' in info: # SLURM holds a requeued job back a while: start it now
+            subprocess.run(['scontrol', 'update', f'jobid={jid}', 'starttime=now'], env=env, capture_output=True)
+        if state in ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY'): break
+        time.sleep(0.5)
+    log = (tmp_path/'job.out').read_text()
+    assert state=='COMPLETED' and re.search(r'Restarts=1\b', info), (states, info, log[-3000:])
+    rs = read_reports(tmp_path, 2)
+    st = [o['stop'] for o in rs]
+    assert st[0]['code']==75 and st[0]['sig']=='SIGUSR1' and (st[0]['epoch'],st[0]['it'])==(st[1]['epoch'],st[1]['it']) and st[0]['epoch']==1 and st[0]['it']>3, st
+    assert f"SLURM job {jid} requeued" in log and f"resuming from {tmp_path/'run'/'checkpoints'/st[0]['ckpt']}" in log, log[-3000:]
+    assert "start 1 on" in log and "start 2 on" in log, log[-3000:]
+    for o in rs: assert torch.equal(_flat(o['w']), ref), log[-3000:]
+    assert wait_gone(marker, 20)==[]

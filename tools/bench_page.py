@@ -27,6 +27,8 @@ COMMANDS = [
     f"python tools/step_cost.py --steps 300 --warmup 50 --reps 3 --save {D}/21_step_cost.json",
     f"python tools/short_steps.py --blocks 12 --steps 200 --save {D}/22_short_steps_paired.json",
     f"python tools/bench_stream.py --items 8000 --reps 5 --width 1024 --save {D}/21_stream.json",
+    f"python -m fastddp.bench --model tabular --modes ddp,nopreempt,preempt8 --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/22_preempt.json",
+    f"python tools/bench_preempt.py --reps 3 --save {D}/23_preempt_time.json",
 ]
 
 def load(d=RESULTS):
