@@ -93,7 +93,8 @@ class Throughput(Callback):
         if not self.training: return
         self.n += find_bs(self.xb); self.nb += 1
         x = self.xb[0]
-        if not torch.is_floating_point(x) and x.dim()==2: self.ntok += x.numel() # token ids: a text batch
+        # token ids: a text batch is one tensor of ints (a tabular batch is two: categories and continuous values)
+        if len(self.xb)==1 and not torch.is_floating_point(x) and x.dim()==2: self.ntok += x.numel()
     def after_train(self):
         if self.t0 is None: return
         t = time.perf_counter()-self.t0

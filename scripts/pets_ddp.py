@@ -5,7 +5,7 @@ from fastai.vision.all import *
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.data import PETS_RE
-from fastddp.script import get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
+from fastddp.script import script_flags, get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
 
 def get_arch(name, pretrained, weights='DEFAULT'):
     "A torchvision classifier by name (its cut/split registered for fastai when `model_meta` lacks it) and its weights enum member"
@@ -29,6 +29,7 @@ def get_arch(name, pretrained, weights='DEFAULT'):
     return arch, w
 
 @call_parse
+@delegates(script_flags)
 def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: download URLs.PETS)
          synthetic:int=0, # train on this many generated images in the real layout instead (offline)
          arch:str='resnet34', # torchvision model: resnet18/34/50, mobilenet_v2, ...
@@ -38,27 +39,17 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
          epochs:int=1, # epochs after the frozen one (fine_tune)
          bs:int=64, # batch size per process
          lr:float=2e-3, # the single-process learning rate
-         scale_lr:str=None, # scale lr with the number of processes: 'linear' or 'sqrt'
-         accum:int=1, # micro-batches per optimizer step
-         fp16:bool=False, # mixed precision (bfloat16 on CPU)
-         comm_hook:str=None, # compress DDP's gradients: 'fp16' or 'powersgd' (faster all-reduce, changes the numbers)
-         dp:bool=False, # DataParallel over the visible GPUs instead of DDP (without a launcher)
-         shard:bool=False, # shard parameters, gradients and optimizer state across the processes (FSDP2, ZeRO-3): for a model that does not fit one device
-         shard_grads:bool=False, # shard gradients and optimizer state only (ZeRO-2): more memory than --shard, less communication
-         seed:int=42, # random seed
-         out:str=None, # folder for metrics.json and export.pkl
-         checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
-         resume:bool=True, # with --no-resume, start over even if --checkpoint holds one
-         time_cost:bool=False, # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
-         workers:int=None): # DataLoader workers per rank; default: this rank's share of the CPUs (`n_workers()`); -1: leave num_workers out (fastai's default, which distrib_ctx shares)
+         workers:int=None, # DataLoader workers per rank; default: this rank's share of the CPUs (`n_workers()`); -1: leave num_workers out (fastai's default, which distrib_ctx shares)
+         **kwargs): # the common flags (`fastddp.script.script_flags`)
     "Fine-tune `arch` on the pet breeds; labels from the file names, images converted to RGB"
+    o = script_flags(**kwargs)
     def _run():
-        set_seed(seed)
+        set_seed(o.seed)
         path = get_data('pets', data, synthetic)
         a,w = rank0_first(get_arch, arch, pretrained, weights) # rank 0 fetches the weights, the others find them cached
-        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=seed, **({} if workers==-1 else dict(num_workers=n_workers() if workers is None else workers)))
-        learn = vision_learner(dls, a, pretrained=pretrained, weights=w, metrics=error_rate, cbs=train_cbs(scale_lr, accum, checkpoint, resume, time_cost, out))
+        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=o.seed, **({} if workers==-1 else dict(num_workers=n_workers() if workers is None else workers)))
+        learn = vision_learner(dls, a, pretrained=pretrained, weights=w, metrics=error_rate, cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
         t0 = time.time()
-        with run_ctx(learn, dp, fp16, shard, shard_grads, comm_hook=comm_hook): learn.fine_tune(epochs, lr)
-        finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), out)
+        with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook): learn.fine_tune(epochs, lr)
+        finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), o.out)
     run_main(_run)
