@@ -116,7 +116,8 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
                dp:bool=False, # DataParallel over the visible GPUs in this one process (fastai's `parallel_ctx`)
                time_cost:bool=False, # time the phases with `TimeCost` and report their means (ms, rank 0)
                ddp:dict=None, # DDP options for `distrib_ctx` (`gradient_as_bucket_view`, `static_graph`, `bucket_cap_mb`, ...)
-               watchdog:bool=True): # False: train without the heartbeat and its watchdog (`FASTDDP_STALL=0`)
+               watchdog:bool=True, # False: train without the heartbeat and its watchdog (`FASTDDP_STALL=0`)
+               compile:dict=None): # `distrib_ctx(compile=...)` (`fastddp.compile`), at every world size
     "Samples/s of fastai's `fit` (inside `distrib_ctx` on several ranks) and what it all-reduced; `bs` is the global batch"
     from fastai.basics import Learner, DataLoaders, DataLoader, CrossEntropyLossFlat, SGD, Callback, partial
     from fastai.callback.progress import ProgressCallback
@@ -125,10 +126,11 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     ws = world_size()
     class StepTimer(Callback):
         order = 1e10 # after `TimeCost`'s own last marks, and after `DistributedTrainer` has wrapped the model
-        def before_fit(self): self.i,self.ddp,self.mem = 0,ddp_options(self.learn.model),None
+        def before_fit(self): self.i,self.ddp,self.mem,self.tf = 0,ddp_options(self.learn.model),None,time.perf_counter()
         def after_batch(self):
             if not self.training: return
             self.i += 1
+            if self.i==1: _sync(); self.first = time.perf_counter()-self.tf # what compiling adds falls in the first step
             if self.i==warmup: _sync(); self.t0 = time.perf_counter()
             if self.i==warmup+steps: _sync(); self.t1,self.ddp = time.perf_counter(),ddp_options(self.learn.model) # what a tuned run chose
         def after_step(self):
@@ -142,10 +144,10 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     learn = Learner(dls, m, loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=cbs)
     learn.remove_cb(ProgressCallback)
     ctx = (learn.parallel_ctx() if dp else
-           learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, comm_stats=not (ddp or {}).get('shard'), **(ddp or {})) if ws>1 else nullcontext())
+           learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, comm_stats=not (ddp or {}).get('shard'), compile=compile, **(ddp or {})) if ws>1 or compile else nullcontext())
     with ctx: learn.fit(1)
     st = getattr(learn, 'comm_stats', None)
-    res = dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=st.syncs if st else 0, bytes_per_sync=st.bytes_per_sync if st else 0., ddp=tm.ddp, mem=tm.mem)
+    res = dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=st.syncs if st else 0, bytes_per_sync=st.bytes_per_sync if st else 0., ddp=tm.ddp, mem=tm.mem, first_step_s=tm.first)
     if time_cost: res['phases'] = {p:v[0][0] for p,v in learn.time_cost.stats()['phases'].items()}
     return res
 
@@ -175,6 +177,9 @@ def runs(ms, wss=(2,)):
 
 # %% ../nbs/07_bench.ipynb #7c3d0b02
 modes.update(shard=(run_fastai, dict(ddp=dict(shard=True))), shard_grads=(run_fastai, dict(ddp=dict(shard='grads')))) # the default units
+
+# %% ../nbs/07_bench.ipynb #ab39fb63
+modes.update(compiled=(run_fastai, dict(compile=dict(backend='inductor'))))
 
 # %% ../nbs/07_bench.ipynb #16f50ef2
 def bench_worker(run, time_cost=False, **kw):
@@ -214,15 +219,16 @@ def bench(ms=('single','raw','ddp'), # runs (`mode@n`) or modes, interleaved
     "Each run's samples/s in each repetition (the runs interleaved), the median phase times of the fastai runs, and what each run all-reduced"
     from fastprogress.fastprogress import progress_bar
     rs = runs(ms, wss)
-    sps,phases,comm = {k:[] for k in rs},{},{}
+    sps,phases,comm,first = {k:[] for k in rs},{},{},{}
     for i in progress_bar(range(reps*len(rs))):
         k = rs[i%len(rs)]
         o = run_mode(k, time_cost, **kw)
         sps[k].append(o['samples_per_s'])
+        if 'first_step_s' in o: first.setdefault(k, []).append(o['first_step_s'])
         if o.get('phases'): phases.setdefault(k, []).append(o['phases'])
         comm[k] = dict(syncs=o['syncs'], bytes_per_sync=o['bytes_per_sync'], ddp=o['ddp'], mem=o.get('mem')) # the same in every repetition
     phases = {k:{p:statistics.median(o[p] for o in v) for p in v[0]} for k,v in phases.items()}
-    return dict(samples_per_s=sps, phases=phases, comm=comm, workload=kw, flops_per_sample=model_flops(kw.get('arch','resnet18'), kw.get('size',64)), peak=device_peak('float32'))
+    return dict(samples_per_s=sps, phases=phases, comm=comm, first_step_s=first, workload=kw, flops_per_sample=model_flops(kw.get('arch','resnet18'), kw.get('size',64)), peak=device_peak('float32'))
 
 # %% ../nbs/07_bench.ipynb #2add14d1
 def _pairs(res):
@@ -278,6 +284,8 @@ def table(r:dict): # `bench`'s result (or the JSON `--save` wrote)
         f = r.get('flops_per_sample')
         ls += ["", f"| run | MFU (median; model FLOPs {f'{f/1e6:.2f} MFLOPs per sample' if f else 'unknown: no count for the LSTM'}, peak {r['peak']/1e9:.1f} GFLOP/s float32) |", "|---|---|"]
         ls += [f"| {k} | {'unknown' if mfu(r, k) is None else f'{mfu(r, k):.3f}'} |" for k in res]
+    if r.get('first_step_s'): # the compile falls in the first step; each run is a fresh set of processes (torch's on-disk caches are not)
+        ls += ["", "| run | first step, s (median) | runs |", "|---|---|---|"]+[f"| {k} | {statistics.median(v):.2f} | {', '.join(f'{o:.2f}' for o in v)} |" for k,v in r['first_step_s'].items()]
     if tcs:
         ks = list(tcs)
         ls += ["", "| ms per step (rank 0) | "+" | ".join(ks)+" |", "|---|"+"---|"*len(ks)]
