@@ -274,3 +274,29 @@ def test_inductor_tabular(tmp_path):
 def test_inductor_resnet18(tmp_path):
     "resnet18 with inductor at 2 ranks (about a minute of compiling per rank): the same checks"
     _inductor(tmp_path, 'resnet18', 90)
+
+# GPU-only paths: CUDA graphs (mode='reduce-overhead') and autotuned kernels (mode='max-autotune'), not run on the CPU machines
+CUDA = '''
+import torch, torch._dynamo
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.testing import report
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+def learner():
+    set_seed(0); x = torch.randn(300, 16); ds = list(zip(x, (x[:,0]>0).long()))
+    m = nn.Sequential(nn.Linear(16,64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64,2))
+    return Learner(DataLoaders(DataLoader(ds[:250], bs=32, shuffle=True), DataLoader(ds[250:], bs=32)), m, loss_func=CrossEntropyLossFlat(), metrics=accuracy)
+for mode in (None, 'reduce-overhead', 'max-autotune'):
+    l = learner()
+    with l.distrib_ctx(compile=dict(mode=mode) if mode else None): l.fit(2, 1e-2)
+    report(**{str(mode): l.recorder.values})
+'''
+
+@pytest.mark.cuda
+def test_cuda_modes(tmp_path):
+    "On GPUs: CUDA graphs and max-autotune train as eager does (losses within 1e-3 relative, accuracy within 2 points)"
+    n = torch.cuda.device_count()
+    for r in run_ranks(CUDA, n, launcher='fastddp' if n>1 else 'python', timeout=900):
+        for m in ('reduce-overhead', 'max-autotune'):
+            for vc,ve in zip(r[m], r['None']):
+                assert abs(vc[0]-ve[0])<=1e-3*abs(ve[0]) and abs(vc[2]-ve[2])<=0.02, (m, r[m], r['None'])

@@ -30,6 +30,8 @@ COMMANDS = [
     f"python -m fastddp.bench --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/15_shard.json",
     f"python -m fastddp.bench --model awd_lstm --steps 6 --warmup 2 --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/16_shard_awd_lstm.json",
     f"python tools/bench_shard_width.py --budget-mib 64 --save {D}/17_shard_width.json",
+    f"python -m fastddp.bench --model resnet18 --size 32 --bs 32 --steps 6 --warmup 3 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/23_compile.json",
+    f"python -m fastddp.bench --model tabular --steps 100 --warmup 5 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/23b_compile_tabular.json",
 ]
 
 def load(d=RESULTS):
