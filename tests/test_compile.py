@@ -300,3 +300,24 @@ def test_cuda_modes(tmp_path):
         for m in ('reduce-overhead', 'max-autotune'):
             for vc,ve in zip(r[m], r['None']):
                 assert abs(vc[0]-ve[0])<=1e-3*abs(ve[0]) and abs(vc[2]-ve[2])<=0.02, (m, r[m], r['None'])
+
+# the watchdog (FASTDDP_STALL) takes a long compile for progress: rank 0's compiler takes 3x the stall time, rank 1 waits for it
+SLOW = '''
+import time, torch
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+from fastddp.testing import report
+def slow(gm, example_inputs):
+    if rank()==0: time.sleep(9) # FASTDDP_STALL=3
+    return gm.forward
+x = torch.randn(64, 8); ds = list(zip(x, (x[:,0]>0).long()))
+l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'), nn.Sequential(nn.Linear(8,8), nn.ReLU(), nn.Linear(8,2)), loss_func=CrossEntropyLossFlat())
+with l.distrib_ctx(compile=dict(backend=slow)): l.fit(1)
+report(ok=True)
+'''
+
+def test_watchdog_compile(tmp_path):
+    "A compile longer than FASTDDP_STALL is not a stall, on the compiling rank nor on the one waiting for it"
+    rs = run_ranks(SLOW, 2, env={'FASTDDP_STALL': '3'}, timeout=300)
+    assert all(r['ok'] for r in rs)
