@@ -193,7 +193,8 @@ def run_mode(run, time_cost=False, **kw):
     "What `run` (`mode@n`) did in a fresh set of processes: samples/s, syncs, bytes per sync, DDP options, and phase times when `time_cost`"
     n = int(run.partition('@')[2] or 1)
     code = f"from fastddp.bench import bench_worker; bench_worker({run!r}, time_cost={time_cost!r}, **{kw!r})"
-    return run_ranks(code, n=n, launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'})[0]
+    return run_ranks(code, n=n, launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'},
+                     timeout=1800 if run.startswith('compiled') else 300)[0] # a cold inductor compile took over 300 s on a loaded 2-core machine
 
 # %% ../nbs/07_bench.ipynb #ab1b2834
 def model_flops(arch='resnet18', size=64):
