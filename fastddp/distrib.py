@@ -27,7 +27,8 @@ from .core import *
 from .comm import check_hook, ddp_kwargs, register_hook, ddp_keys
 from .eval import ExactDL, reduce_metrics
 from .epoch_loss import EpochLoss
-from .shard import Sharded
+from .shard import Sharded, auto_units
+from .compile import compile_cb, compile_for, no_accel_compile
 from .watchdog import Heartbeat, guard_exit
 from .preempt import Preempt
 from .tune import Tune
@@ -103,7 +104,7 @@ def __init__(self:DistributedTrainer,
         # nothing (figures: benchmarks.html, `--modes ddp,pytorch`). torch's PowerSGD hook also needs one bucket on gloo:
         # with several, the ranks issued its all-reduces in different orders ("Received data size doesn't match")
         kwargs.setdefault('bucket_cap_mb', 1024)
-    self.accelerator = Accelerator(**ddp_kwargs(kwargs))
+    self.accelerator = Accelerator(**ddp_kwargs(no_accel_compile(kwargs))) # `compile=`: fastddp compiles inside DDP, never Accelerate
 
 # %% ../nbs/03_distrib.ipynb #1f8fd6de
 def _is_int(o, lo): return isinstance(o, int) and not isinstance(o, bool) and o>=lo
@@ -180,7 +181,7 @@ def before_fit(self:DistributedTrainer):
     if self._use_sync_bn():
         try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
         except Exception as e: raise DistribError(f"sync_bn: this model's BatchNorm layers cannot become SyncBatchNorm ({type(e).__name__}: {e}); pass sync_bn=False to distrib_ctx") from e
-    self.learn.model = self._shard(m) if self.shard else self.accelerator.prepare(m)
+    self.learn.model = self._shard(m) if self.shard else self.accelerator.prepare(compile_for(self.learn, m)) # compiled inside DDP
     self._share_workers()
     self.old_dls = list(self.dls)
     self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
@@ -198,7 +199,9 @@ def _shard(self:DistributedTrainer, m):
         off = self.shard_offload and self.accelerator.device.type=='cuda'
         if self.shard_offload and not off: warn_once("shard_offload keeps the shards in CPU memory between uses of a GPU: on CPU it changes nothing, ignored")
         self.learn.model = m.to(self.accelerator.device)
-        self.sharded = Sharded(self.learn, self.shard_modules, self.shard_min, reshard=self.shard!='grads', mp_policy=self._mp_policy(), offload=off)
+        units = auto_units(m, self.shard_min) if self.shard_modules is None else list(self.shard_modules)
+        compile_for(self.learn, m, units) # `compile=`: each unit on its own, before `fully_shard` (as torchtitan)
+        self.sharded = Sharded(self.learn, units, self.shard_min, reshard=self.shard!='grads', mp_policy=self._mp_policy(), offload=off)
         rank0_print(f"fastddp: sharded over {world_size()} ranks in {len(self.sharded.units)+1} units ({'ZeRO-2' if self.shard=='grads' else 'ZeRO-3'})")
     return self.learn.model
 
@@ -357,6 +360,7 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
 @contextmanager
 @delegates(DistributedTrainer.__init__)
 def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
+        compile=None, # `torch.compile` the model in place: True, 'try' (eager when it cannot) or a dict (`backend`, `mode`, `dynamic`, ...); see `fastddp.compile`
         **kwargs):
     "Train data-parallel inside the context when a launcher started this process; as one process otherwise"
     # `sync_bn`'s doc comes from `DistributedTrainer` (docments reads the comment of the last name on a line)
@@ -365,11 +369,13 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     backend = kwargs.get('backend')
     cleanup,ok = False,False
     if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
+    cc = compile_cb(compile, kwargs, 'cuda' if check_backend(backend)=='nccl' else 'cpu') # at any world size; undone at exit
     try:
         if in_notebook and world_size()>1 and not dist.is_initialized():
             setup_distrib(backend=backend)
             cleanup = dist.is_initialized()
             rank0_print("Training Learner...")
+        if cc is not None: self.add_cb(cc)
         if num_distrib(): self.to_distributed(sync_bn=sync_bn, **kwargs)
         yield self
         ok = True
@@ -379,6 +385,7 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
         raise
     finally:
         self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective
+        if cc is not None: self.remove_cb(cc); cc.undo() # the learner leaves with its eager model (fastai's export, pickle)
         if cleanup: teardown_distrib()
 
 # %% ../nbs/03_distrib.ipynb #d99f3a5f

@@ -14,6 +14,7 @@ from fastai.distributed import *
 from .core import *
 from .shard import rank_memory
 from .tune import tune_summary
+from .compile import n_compiles
 
 # %% ../nbs/05_timecost.ipynb #eb13fea5
 phases = ('data','forward','backward','comm','step','callbacks','other')
@@ -86,14 +87,15 @@ class TimeCost(Callback):
             if isinstance(cb, DistributedTrainer): cb.comm_stats = True
         self.end = TimeEnd(self)
         self.learn.add_cb(self.end)
-        self.raw,self.steps,self.bs,self.timeline,self.mem = [],[],[],[],None
+        self.raw,self.steps,self.bs,self.timeline,self.mem,self.compiled = [],[],[],[],None,[]
+        self.nc0 = self.nc = n_compiles() # dynamo's count: a step that compiled is the compiler's time, not the step's
 
     def before_train(self):
         dev = getattr(self.dls, 'device', None) or default_device()
         self.clock = Clock(torch.device(dev).type=='cuda')
         st = getattr(self.learn, 'comm_stats', None)
         if st is not None: st.on_bucket = self.bucket_ready
-        self.t0 = self.clock.now()
+        self.t0,self.nc = self.clock.now(),n_compiles() # validation's compiles are not the next step's
         self.ms = [['data', self.t0]]
 
     def mark(self, phase):
@@ -123,21 +125,22 @@ class TimeCost(Callback):
 
     def close_step(self):
         "End a step (kept when it ran backward); the next one starts where it ended, waiting for data"
-        if any(p=='backward' for p,_ in self.ms): self.raw.append((self.ms, find_bs(self.learn.yb)))
+        if any(p=='backward' for p,_ in self.ms): self.raw.append((self.ms, find_bs(self.learn.yb), n_compiles()>self.nc))
+        self.nc = n_compiles()
         self.ms = [['data', self.ms[-1][1]]]
 
     def epoch_done(self):
         "Turn the epoch's marks into seconds per phase (one synchronisation on CUDA)"
         st = getattr(self.learn, 'comm_stats', None)
         if st is not None: st.on_bucket = None
-        ts = self.clock.secs([t for ms,_ in self.raw for _,t in ms], self.t0)
+        ts = self.clock.secs([t for ms,*_ in self.raw for _,t in ms], self.t0)
         i = 0
-        for ms,bs in self.raw:
+        for ms,bs,cp in self.raw:
             segs = segments([(p,ts[i+j]) for j,(p,_) in enumerate(ms)])
             i += len(ms)
             n = len(self.steps)
             if self.skip<=n<self.skip+self.n_timeline: self.timeline.append(segs)
-            self.steps.append(step_phases(segs)); self.bs.append(bs)
+            self.steps.append(step_phases(segs)); self.bs.append(bs); self.compiled.append(cp)
         self.raw = []
 
     def fit_done(self):
@@ -147,7 +150,7 @@ class TimeCost(Callback):
         dl = self.dls.train
         me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
                   comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0), cuda=self.clock.cuda,
-                  mem=self.mem or rank_memory(self.learn))
+                  mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool), compiles=n_compiles()-self.nc0)
         dt = is_distributed(self.learn)
         self.ranks = all_gather_list(me) if dt else [me]
         if not is_rank0(): return
@@ -168,15 +171,27 @@ def add_time_cost(self:Learner, **kwargs):
 # %% ../nbs/05_timecost.ipynb #b743a749
 def _q(a, q): return float(np.percentile(a, q)) if len(a) else 0.
 
+def _kept(r, skip):
+    "Which steps of rank report `r` the statistics keep: after the first `skip`, none that compiled; all when that leaves none"
+    k = (np.arange(len(r['steps']))>=skip) & ~r.get('compiled', np.zeros(len(r['steps']), bool))
+    return k if k.any() else np.ones(len(k), bool)
+
+def _compile_stats(r, kept):
+    "Compiles of the fit on rank report `r`, and the seconds its compiling steps took beyond the steady state's median step"
+    cp = r.get('compiled', np.zeros(len(r['steps']), bool))
+    t = r['steps'].sum(1) if len(r['steps']) else np.zeros(0)
+    return dict(compiles=int(r.get('compiles', 0)), steps=int(cp.sum()), secs=float(max(0., t[cp].sum()-cp.sum()*np.median(kept.sum(1)))) if cp.any() and len(kept) else 0.)
+
 @patch
 def stats(self:TimeCost,
           baseline:float=None): # samples/s of one process (`self.baseline` when None)
     "Per-rank phase statistics (ms), global samples/s, straggler and imbalance, bytes per step and their effective rate, scaling efficiency"
     rs,baseline = self.ranks,ifnone(baseline, self.baseline)
     if rs is None: raise ValueError("no timings yet: fit first")
-    kept = [(r['steps'][self.skip:],r['bs'][self.skip:]) if len(r['steps'])>self.skip else (r['steps'],r['bs']) for r in rs]
+    kept = [(r['steps'][k],r['bs'][k]) for r in rs for k in [_kept(r, self.skip)]]
     res = dict(ws=len(rs), n=len(kept[0][0]), skip=len(rs[0]['steps'])-len(kept[0][0]), comm_mib=rs[0]['comm']/2**20,
                workers=rs[0]['workers'], cuda=rs[0]['cuda'], bs=int(np.median(kept[0][1])) if len(kept[0][1]) else 0)
+    res['compile'] = _compile_stats(rs[0], kept[0][0])
     res['phases'] = {p:[(1e3*a[:,i].mean(), 1e3*_q(a[:,i],50), 1e3*_q(a[:,i],90)) if len(a) else (0.,0.,0.) for a,_ in kept]
                      for i,p in enumerate(phases)}
     res['step_ms'] = [1e3*a.sum(1).mean() if len(a) else 0. for a,_ in kept]
@@ -244,6 +259,7 @@ def report(self:TimeCost,
     st = self.stats(baseline)
     ws = st['ws']
     ls = [f"time cost: {ws} rank{'s'*(ws>1)}, {st['n']} steps each after {st['skip']} left out, clock {'CUDA events' if st['cuda'] else 'perf_counter'}",
+          *([f"compile: {st['compile']['compiles']} compiles by dynamo in this fit (training and validation; first compiles and recompiles); {st['compile']['steps']} training steps compiled, {st['compile']['secs']:.1f} s beyond the steady state, left out below"] if st['compile']['compiles'] else []),
           f"{'ms per step':<12}"+''.join(f"{f'rank {r}: mean   p50   p90':>28}" for r in range(ws))]
     for p,v in [*st['phases'].items(), ('total', None)]:
         v = v or [(m,m,m) for m in st['step_ms']] # the total row: the mean only

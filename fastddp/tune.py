@@ -19,6 +19,7 @@ from .core import *
 from .internals import remove_ddp_hooks
 from .comm import CommStats, register_hook
 from .train import Accumulate
+from .compile import Compile, n_compiles
 
 # %% ../nbs/02t_tune.ipynb #653f362c
 def one_bucket_mb(m:nn.Module): # the model (DDP's inner module)
@@ -122,6 +123,7 @@ class Tune(Callback):
     def before_fit(self):
         self.plan,self.p,self.measured,self.n_wraps,self.acc_cb,self.active,self.stepped,self.chained,self.warm = [],0,0,0,None,False,False,False,0
         tr = self.tr = self.learn.distributed_trainer
+        self.cc = any(isinstance(o, Compile) for o in self.learn.cbs) # `distrib_ctx(compile=...)`: steps that compile are left out
         if getattr(tr, 'shard', False): return rank0_print("fastddp: tune=True does nothing with shard=True: a sharded model has no DDP settings to tune")
         m = self.learn.model
         if not isinstance(m, nn.parallel.DistributedDataParallel): return
@@ -221,7 +223,7 @@ def unchain(self:Tune):
 @patch
 def before_batch(self:Tune):
     if not self.measuring: return
-    if self.t0 is None: self.t0,self.nb,self.ex = time.perf_counter(),0,0.
+    if self.t0 is None: self.t0,self.nb,self.ex,self.nc = time.perf_counter(),0,0.,n_compiles()
     self.nb += 1
 
 @patch
@@ -242,6 +244,7 @@ def after_batch(self:Tune):
     if _dev().type=='cuda': torch.cuda.synchronize() # the step's kernels are done
     t,i = time.perf_counter(),self.plan[self.p]
     if self.warm: self.warm -= 1 # DDP built or rebuilt its buckets in this step
+    elif self.compiled(): pass # the compiler's time, not the candidate's
     else:
         self.times[i].append((t-self.t0)/self.nb); self.comms[i].append(self.ex/self.nb)
         self.measured,self.n_here = self.measured+1,self.n_here+1
@@ -249,7 +252,15 @@ def after_batch(self:Tune):
             self.p,self.n_here = self.p+1,0
             if not self.measuring: self.decide()
             elif self.plan[self.p]!=i: self.use(self.cands[self.plan[self.p]], self.stats); self.warm = self.settle
-    self.t0,self.nb,self.ex = time.perf_counter(),0,0.
+    self.t0,self.nb,self.ex,self.nc = time.perf_counter(),0,0.,n_compiles()
+
+@patch
+def compiled(self:Tune):
+    "Did dynamo compile in this step on any rank? The ranks agree, so that they measure the same steps"
+    if not self.cc: return False
+    t = torch.tensor([int(n_compiles()>self.nc)], device=_dev())
+    dist.all_reduce(t, dist.ReduceOp.MAX)
+    return bool(t.item())
 
 @patch
 def decide(self:Tune, wrap=True): # train on with the choice (False: the fit is over)

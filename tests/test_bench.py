@@ -2,7 +2,7 @@
 import json, math, os, subprocess, sys
 from pathlib import Path
 import pytest
-from fastddp.bench import modes, ratios, table, _model
+from fastddp.bench import mode_runs, ratios, table, _model
 from fastddp.testing import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,12 +12,12 @@ MODES = ['raw','nosync','ddp','pytorch','steploss','acc2','fp16','powersgd','tim
 # Every mode in ONE pair of processes (the bench itself starts fresh processes per run; here the start-up would dominate)
 _code = f'''
 import torch
-from fastddp.bench import modes
+from fastddp.bench import mode_runs
 from fastddp.testing import report
 torch.set_num_threads(1)
 out = {{}}
 for m in {MODES!r}:
-    f,o = modes[m]
+    f,o = mode_runs[m]
     out[m] = f(**{KW!r}, **o)
 report(out=out)
 '''

@@ -29,6 +29,8 @@ COMMANDS = [
     f"python tools/bench_stream.py --items 8000 --reps 5 --width 1024 --save {D}/21_stream.json",
     f"python -m fastddp.bench --model tabular --modes ddp,nopreempt,preempt8 --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/22_preempt.json",
     f"python tools/bench_preempt.py --reps 3 --save {D}/23_preempt_time.json",
+    f"python -m fastddp.bench --model resnet18 --size 32 --bs 32 --steps 6 --warmup 3 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/23_compile.json",
+    f"python -m fastddp.bench --model tabular --steps 100 --warmup 5 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/23b_compile_tabular.json",
 ]
 
 def load(d=RESULTS):
