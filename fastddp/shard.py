@@ -65,8 +65,12 @@ def bcast(ts, src=0):
 # %% ../nbs/02h_shard.ipynb #8ffbb9ba
 def _grad_sync(m):
     "Will the backward after this forward reduce the gradients? False while `Accumulate` has turned FSDP2's sync off"
-    # FSDP2 has a setter (`set_requires_gradient_sync`) but no getter: its parameter groups hold the flag
-    return all(g.reduce_grads for g in m._get_fsdp_state()._fsdp_param_groups) if isinstance(m, FSDPModule) else True
+    if not isinstance(m, FSDPModule): return True
+    # FSDP2 has a setter (`set_requires_gradient_sync`) but no getter: its parameter groups hold the flag.
+    # A list of groups in torch 2.14, one group or None in 2.7 (the floor)
+    st = m._get_fsdp_state()
+    gs = getattr(st, '_fsdp_param_groups', None)
+    return all(g.reduce_grads for g in (gs if gs is not None else [g for g in [st._fsdp_param_group] if g is not None]))
 
 class BufferSync:
     "Broadcast rank 0's buffers of `model` before each forward that follows a forward with gradients (and before the first), as DDP does"
