@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
 
-.PHONY: demo test test-fast check export docs chromium slurm bench clean
+.PHONY: demo test test-fast test-floor venv venv-floor check export docs chromium slurm bench clean
 
 $(BIN)/.ok: requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,6 +15,22 @@ $(BIN)/.ok: requirements-dev.txt pyproject.toml
 	touch $@
 
 venv: $(BIN)/.ok
+
+# The floor environment: the oldest releases pyproject.toml admits (requirements-floor.txt), in its own venv.
+FLOOR := .venv-floor
+FBIN := $(FLOOR)/bin
+$(FBIN)/.ok: requirements-floor.txt pyproject.toml
+	test -x $(FBIN)/python || $(PY) -m venv $(FLOOR)
+	$(FBIN)/pip install -q --upgrade pip
+	$(FBIN)/pip install -q -r requirements-floor.txt
+	$(FBIN)/pip install -q --no-deps -e .
+	touch $@
+
+venv-floor: $(FBIN)/.ok
+
+# The smoke subset (tests marked `smoke`: DDP at 2-3 ranks, sharding, DCP checkpoints, launch, the scripts) at the floors.
+test-floor: $(FBIN)/.ok
+	$(FBIN)/python -m pytest -ra -m smoke --durations=10
 
 # The main job: DDP training on 2 CPU processes (or on every GPU) on a small generated dataset, offline.
 demo: $(BIN)/.ok

@@ -29,7 +29,9 @@ def remove_ddp_hooks(ddp):
 # %% ../nbs/00c_internals.ipynb #c9bea45e
 def grad_sync(m):
     "Will FSDP2 module `m`'s next backward reduce the gradients? FSDP2 has a setter (`set_requires_gradient_sync`), no getter"
-    return all(g.reduce_grads for g in m._get_fsdp_state()._fsdp_param_groups)
+    st = m._get_fsdp_state()
+    gs = getattr(st, '_fsdp_param_groups', None) # a list of groups in torch 2.14; one group, or None, in 2.7 (the floor)
+    return all(g.reduce_grads for g in (gs if gs is not None else [g for g in [st._fsdp_param_group] if g is not None]))
 
 # %% ../nbs/00c_internals.ipynb #d676cdbf
 def powersgd_compresses(rows:int, cols:int, # the gradient as a matrix

@@ -1,5 +1,5 @@
 "Fault tolerance: a killed rank restarted by the agent resumes from an atomic checkpoint and ends as an uninterrupted run"
-import os, sys, time
+import os, sys, time, pytest
 from pathlib import Path
 from fastddp.testing import run_ranks
 from conftest import wait_gone
@@ -76,6 +76,7 @@ def test_hung_rank_times_out(marker):
 SCK = CK.replace("with learn.distrib_ctx():", "with learn.distrib_ctx(shard=True, shard_min=10):").replace(
     "report(w=", "report(opt=[{k:v.clone() for k,v in learn.opt.state[p].items() if isinstance(v, torch.Tensor)} for p in learn.model.parameters()], w=")
 
+@pytest.mark.smoke
 def test_sharded_resume(tmp_path, marker):
     "Sharded: a rank killed mid-epoch resumes from the shards to the uninterrupted weights, bit for bit; 2 ranks' checkpoint loads at 3 at an epoch's end, not mid-epoch"
     import torch

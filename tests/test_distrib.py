@@ -88,6 +88,7 @@ def _check_equiv(rs, n, ws, log):
         assert len(allv)-len(set(allv))==m*ws-n
     assert [o['seen'][0] for o in rs]!=[o['seen'][1] for o in rs]
 
+@pytest.mark.smoke
 @pytest.mark.parametrize('launcher,ws,n', [('torchrun',2,11), ('accelerate',3,22)])
 def test_equivalence(launcher, ws, n, tmp_path):
     "N ranks with batch bs = one process with batch N*bs; plus rank0_first order and the shards, in the same launch"

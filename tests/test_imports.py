@@ -30,6 +30,7 @@ added = sorted(k for k,(_,is_mod,n) in after.items() if k not in before and n in
 print(json.dumps(dict(changed=changed, added=added)))
 '''
 
+@pytest.mark.smoke
 def test_no_rebinding():
     "After importing every fastddp module, every torch module attribute, torch class attribute and fastai module attribute is the same object, and none was added"
     p = subprocess.run([sys.executable, '-c', SNAPSHOT], capture_output=True, text=True, timeout=600)

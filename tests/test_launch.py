@@ -48,6 +48,7 @@ def test_signal_stops_all(sig, marker):
     assert f"stopped by {sig.name}" in out, out[-2000:]
     assert not wait_gone(marker, 30)
 
+@pytest.mark.smoke
 def test_ranks_and_prefixes(marker):
     "Every rank runs; lines of ranks other than 0 are prefixed; a busy 29500 does not matter when no port is given"
     with socket.socket() as s:
@@ -85,12 +86,14 @@ def test_bad_input(argv, msg, tmp_path, capsys):
     assert len(err.strip().splitlines())==1 and msg in err, err
     assert not Path(str(scr)+'.ran').exists()
 
+@pytest.mark.smoke
 def test_max_restarts(marker):
     "`--max-restarts 1` restarts every worker once after a failure, and the run then finishes"
     rs = run_ranks(LOOP, n=2, args=[marker, 'restart', 20], largs=['--max-restarts', '1'])
     assert rs.rc==0 and all(o['done'] for o in rs)
     assert [o['restart'] for o in rs]==['1','1']
 
+@pytest.mark.smoke
 def test_help_and_entry_points():
     "`python -m fastai.launch --help` and `fastddp-launch --help` work; every [project.scripts] entry imports"
     import tomllib, importlib
@@ -102,6 +105,7 @@ def test_help_and_entry_points():
         mod,fn = v.split(':')
         assert callable(getattr(importlib.import_module(mod), fn)), k
 
+@pytest.mark.smoke
 def test_fastai_launch_is_ours_and_fastai_intact():
     "The compatibility module calls fastddp's launcher, lives in fastai's namespace, and leaves fastai's own modules alone"
     code = "import fastai, fastai.launch, fastai.basics, fastddp.launch; print(fastai.launch.main is fastddp.launch.main, fastai.__version__)"

@@ -25,7 +25,7 @@ if sys.argv[2]=='tabular':
 else: print(json.dumps(None))
 '''
 
-@pytest.mark.parametrize('name', list(CASES))
+@pytest.mark.parametrize('name', [pytest.param(k, marks=pytest.mark.smoke) if k!='pets' else k for k in CASES]) # pets: test_script_shard
 def test_script(name, tmp_path):
     fn,args = CASES[name]
     for launcher,n in [('python',1), ('fastai',2), ('torchrun',2)]:
@@ -121,12 +121,14 @@ def test_imdb_no_weights(tmp_path):
     p = _run('imdb_ddp.py', args, {**env, 'FASTAI_HOME': str(tmp_path/'file'/'fastai')})
     assert p.returncode==1 and "WT103" not in p.stderr and ("NotADirectoryError" in p.stderr or "FileExistsError" in p.stderr), p.stderr[-2000:]
 
+@pytest.mark.smoke
 def test_script_shard(tmp_path):
     "--shard: the pets script fine-tunes sharded (FSDP2) under 2 ranks, reports each rank's memory, and exports a plain learner"
     fn,args = CASES['pets']
     rs = run_ranks(str(S/fn), n=2, launcher='fastddp', args=args+['--shard', '--time-cost', '--out', tmp_path/'o'], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
     m = json.loads((tmp_path/'o'/'metrics.json').read_text())
     assert m['wrapper']=='FSDP' and m['world_size']==2
+    assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n' # matplotlib drew the report
     assert "fastddp: sharded over 2 ranks" in rs.out and rs.out.count("memory per rank (MiB, live tensors): rank 0: parameters")==2 # a report per fit
     p = subprocess.run([sys.executable, '-c', EVAL, str(tmp_path/'o'/'export.pkl'), 'pets', ''], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode==0, p.stderr[-2000:]

@@ -96,7 +96,7 @@ try:
 except Exception as e: report(err_tied=str(e))
 '''
 
-@pytest.fixture(scope='module', params=[2, 3])
+@pytest.fixture(scope='module', params=[pytest.param(2, marks=pytest.mark.smoke), 3])
 def shard_ranks(request, tmp_path_factory):
     ws,d = request.param,tmp_path_factory.mktemp(f'shard{request.param}')
     return ws,d,run_ranks(SHARD, n=ws, args=[d], timeout=900)

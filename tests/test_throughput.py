@@ -17,6 +17,7 @@ def analytic(model, xb):
     for h in hs: h.remove()
     return 3*2*sum(macs)/find_bs(xb)
 
+@pytest.mark.smoke
 def test_flops():
     from torchvision.models import resnet18
     bs = 4
