@@ -11,6 +11,7 @@ __all__ = ['uncounted', 'train_flops', 'uncounted_share', 'ThroughputMetric', 'T
 import time, torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+from .shard import is_sharded # its FLOPs are not counted: counting runs a copy, and a sharded model has none
 from fastai.basics import *
 from copy import deepcopy # after fastai, whose `*` exports a `copy` of its own
 from .core import *
@@ -28,7 +29,7 @@ def train_flops(model, # the plain model (not a DDP wrapper)
                 loss_func=None, # called as `loss_func(pred, *yb)`; None: the sum of the outputs
                 yb:tuple=()): # the batch's targets
     "FLOPs of one forward and backward of `model` on `xb`, or None where the counter misses some of its ops"
-    if uncounted(model): return None
+    if uncounted(model) or is_sharded(model): return None
     m = deepcopy(model) # the step must not touch the model's weights, gradients or BatchNorm statistics
     xb = [o.detach().clone().requires_grad_() if torch.is_floating_point(o) else o for o in xb]
     with FlopCounterMode(display=False) as fc:
@@ -87,7 +88,7 @@ class Throughput(Callback):
         if self.flops is None and self.t0 is None and not self.stats: # the fit's first batch: count, untimed
             self.flops = train_flops(self.model_, self.xb, self.loss_func, self.yb)
             if self.flops is not None: self.flops /= find_bs(self.xb)
-            else: self.share = uncounted_share(self.model_, self.xb)
+            elif not is_sharded(self.model_): self.share = uncounted_share(self.model_, self.xb)
         if self.t0 is None: self.t0 = time.perf_counter()
     def after_batch(self):
         if not self.training: return
@@ -116,12 +117,13 @@ class Throughput(Callback):
         t = max(o[3] for o in rs) # the ranks step together: the slowest sets the pace
         # on a CPU the ranks of a host share its cores, so the host is the device; on GPUs each rank has its own
         devs = len(rs) if torch.cuda.is_available() else max(1, len(rs)//int(os.environ.get('LOCAL_WORLD_SIZE', len(rs))))
-        return dict(ranks=[_one(*o) for o in rs], total=_one(n, nb, ntok, t, devs), uncounted=uncounted(self.model_), uncounted_share=self.share)
+        return dict(ranks=[_one(*o) for o in rs], total=_one(n, nb, ntok, t, devs), uncounted=uncounted(self.model_), uncounted_share=self.share,
+                    sharded=is_sharded(self.model_))
 
     def report(self):
         "The last epoch's totals in one line"
         if not self.stats: return 'Throughput: no epoch trained'
         s = self.stats[-1]; o = s['total']
-        mfu = f"MFU {o['mfu']:.2g}" if o['mfu'] is not None else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count, {s['uncounted_share']:.0%} of the forward's time)" if s['uncounted'] else 'MFU unknown (no peak for this device)'
+        mfu = f"MFU {o['mfu']:.2g}" if o['mfu'] is not None else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count, {s['uncounted_share']:.0%} of the forward's time)" if s['uncounted'] else 'MFU unknown (a sharded model: its FLOPs are not counted)' if s.get('sharded') else 'MFU unknown (no peak for this device)'
         tok = f", {o['tokens_s']:.0f} tokens/s" if 'tokens_s' in o else ''
         return f"Throughput: {o['samples_s']:.1f} samples/s, {o['batches_s']:.2f} batches/s{tok}, {mfu}"
