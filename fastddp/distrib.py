@@ -101,7 +101,7 @@ def __init__(self:DistributedTrainer,
     if be=='gloo':
         kwargs.setdefault('cpu', True)
         # One bucket: on CPU the all-reduce and backward share the cores, so overlapping them in 25 MB buckets gains
-        # nothing (figures: benchmarks.html, `--modes ddp,pytorch`). torch's PowerSGD hook also needs one bucket on gloo:
+        # nothing (`python -m fastddp.bench --modes ddp,one_bucket,bucket_5mb` measures it). torch's PowerSGD hook also needs one bucket on gloo:
         # with several, the ranks issued its all-reduces in different orders ("Received data size doesn't match")
         kwargs.setdefault('bucket_cap_mb', 1024)
     self.accelerator = Accelerator(**ddp_kwargs(no_accel_compile(kwargs))) # `compile=`: fastddp compiles inside DDP, never Accelerate
