@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/preempt.html.md"""
 __all__ = ['Preempted', 'flag_group', 'Preempt']
 
 # %% ../nbs/02p_preempt.ipynb #5ce99dbd
-import os, sys, time, signal, subprocess, threading, torch
+import os, sys, time, signal, subprocess, threading, torch, numpy as np
 import torch.distributed as dist
 from fastai.basics import *
 from .core import *
@@ -85,7 +85,7 @@ def _collect(self:Preempt):
     "The signals of the all-reduce posted at the last check (none if none was)"
     if self.work is None: return []
     self.work.wait(); self.work = None
-    return [s for s,o in zip(self.signals, self.buf.tolist()) if o]
+    return [s for s,o in zip(self.signals, self.flags.tolist()) if o] # numpy's view of the reduced buffer: no torch call
 
 @patch
 def _flag(self:Preempt, wait:bool):
@@ -93,7 +93,9 @@ def _flag(self:Preempt, wait:bool):
     if self.group is None: return list(self.got)
     prev = self._collect()
     if prev: return prev # every rank read the same answer: nobody posts again
-    self.buf = torch.tensor([s in self.got for s in self.signals], dtype=torch.uint8)
+    # a numpy array the all-reduce writes into (a CPU tensor on its own gloo group): reading it is not a device sync
+    self.flags = np.array([s in self.got for s in self.signals], dtype=np.uint8)
+    self.buf = torch.from_numpy(self.flags)
     self.work = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
     return self._collect() if wait else []
 
