@@ -324,6 +324,13 @@ def _cache_dispatch(learn, on:bool=True):
     else:
         for k in ('_cb_cache','_call_one'): learn.__dict__.pop(k, None)
 
+# %% ../nbs/03_distrib.ipynb #c65cb545
+_learner_getstate = Learner.__getstate__ # fastai's leaves out the learner's lock
+@patch
+def __getstate__(self:Learner):
+    "Pickle (`export`) as fastai does, without the cached dispatch of `distrib_ctx`: it holds callbacks that hold process groups"
+    return {k:v for k,v in _learner_getstate(self).items() if k not in ("_cb_cache", "_call_one")}
+
 # %% ../nbs/03_distrib.ipynb #5c315e5d
 @patch
 @delegates(DistributedTrainer.__init__)

@@ -79,6 +79,12 @@ class Preempt(Callback):
             else: dl.wif = w
         self.old,self.wifs = {},[]
 
+# %% ../nbs/02p_preempt.ipynb #5228c294
+@patch
+def __getstate__(self:Preempt):
+    "Pickle (`learn.export`) without the process group and the pending all-reduce, which cannot be pickled"
+    return {k:v for k,v in self.__dict__.items() if k not in ('group','work','buf','flags')}
+
 # %% ../nbs/02p_preempt.ipynb #f3e5200b
 @patch
 def _collect(self:Preempt):
