@@ -34,6 +34,7 @@ from .preempt import Preempt
 from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
+use_slurm() # `srun python train.py`: scripts read RANK before distrib_ctx; loading fastai.distributed in an srun step means a run
 
 # %% ../nbs/03_distrib.ipynb #2db502d6
 def setup_distrib(gpu=None, # GPU index; `LOCAL_RANK` when None
