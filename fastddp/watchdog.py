@@ -103,23 +103,27 @@ class Watchdog:
 
     def _compiling(self):
         "Is this rank compiling, or has any rank said in the last `stall` seconds that it was? (it says so in the store)"
-        fr = sys._current_frames().get(self.ident)
-        st = _store()
+        fr,st = sys._current_frames().get(self.ident),_store()
         if fr is not None and compiling(traceback.extract_stack(fr)):
             if st is not None: st.set(f'fastddp/compiling/{rank()}', str(time.time()))
             return True
-        try: return st is not None and any(time.time()-float(st.get(k))<self.stall for r in range(world_size()) for k in [f'fastddp/compiling/{r}'] if st.check([k]))
+        keys = [f'fastddp/compiling/{r}' for r in range(world_size())]
+        try: return st is not None and any(time.time()-float(st.get(k))<self.stall for k in keys if st.check([k]))
         except RuntimeError: return False # the store's host is gone
 
     def _watch(self):
         while not self.done.wait(min(1., self.stall/10)):
-            # a rank compiling (and the ranks waiting for it) get `compile_factor` times longer: the compile is progress
-            if idle()>self.stall and not (idle()<self.compile_factor*self.stall and self._compiling()): return self._stalled()
+            i = idle()
+            # a rank compiling (and the ranks waiting for it) get `compile_factor` times longer: the compile is progress.
+            # The compiling rank says so from half of `stall` on: a peer that stopped beating a little earlier then sees it in time
+            if self.stall/2<i<self.compile_factor*self.stall and self._compiling(): continue
+            if i>self.stall and self._stalled(): return
+
 
 # %% ../nbs/02w_watchdog.ipynb #817139a4
 @patch
 def _stalled(self:Watchdog):
-    "This rank made no progress for `stall` seconds: find out who is stuck, and end the run"
+    "This rank made no progress for `stall` seconds: find out who is stuck, and end the run (False: a peer compiles, watch on)"
     s,fn = idle(),Path(tempfile.gettempdir())/f'fastddp-stall-rank{rank()}-{os.getpid()}.txt'
     frames = write_stacks(self.ident, fn)
     waiting,at = in_collective(frames),where(frames)
@@ -127,9 +131,24 @@ def _stalled(self:Watchdog):
     try:
         if st is not None: st.set(_key(rank()), json.dumps(dict(waiting=waiting, at=at, stacks=str(fn))))
     except RuntimeError: st = None # the store's host is gone: decide alone
-    if not waiting: _fail(f"rank {rank()} made no progress for {s:.0f} s (FASTDDP_STALL={self.stall:g}) outside any collective, so the other ranks wait for it: stuck at {at}; stacks of its threads: {fn}", frames)
-    if self.done.wait(self.grace): return # the stuck rank ended the run and the launcher is stopping this one
+    if not waiting:
+        _fail(f"rank {rank()} made no progress for {s:.0f} s (FASTDDP_STALL={self.stall:g}) outside any collective, so the other ranks "
+              f"wait for it: stuck at {at}; stacks of its threads: {fn}", frames)
+    end = time.monotonic()+self.grace
+    while time.monotonic()<end:
+        if self.done.wait(min(1., self.grace/10)): return True # the stuck rank ended the run and the launcher is stopping this one
+        # the peer it waits for may have started compiling before it could say so: that is progress
+        if idle()<self.compile_factor*self.stall and self._compiling(): return self._unstall(st)
     _fail(self._waited(st, s, at, fn), frames)
+
+@patch
+def _unstall(self:Watchdog, st):
+    "Take back this rank's stall report and watch on"
+    try:
+        if st is not None: st.delete_key(_key(rank()))
+    except RuntimeError: pass # the store's host is gone: the next look decides
+    return False
+
 
 # %% ../nbs/02w_watchdog.ipynb #a3161a40
 @patch

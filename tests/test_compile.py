@@ -312,8 +312,11 @@ from fastai.basics import *
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.testing import report
+from fastddp.watchdog import beat
 def slow(gm, example_inputs):
-    if rank()==0: time.sleep(9) # FASTDDP_STALL=3
+    if rank()==0: # beats for 3.5 s first, so rank 1, waiting since before, finds it stalled before it compiles; then compiles 9 s
+        for _ in range(35): time.sleep(0.1); beat()
+        time.sleep(9) # FASTDDP_STALL=3
     return gm.forward
 x = torch.randn(64, 8); ds = list(zip(x, (x[:,0]>0).long()))
 l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'), nn.Sequential(nn.Linear(8,8), nn.ReLU(), nn.Linear(8,2)), loss_func=CrossEntropyLossFlat())
@@ -322,6 +325,6 @@ report(ok=True)
 '''
 
 def test_watchdog_compile(tmp_path):
-    "A compile longer than FASTDDP_STALL is not a stall, on the compiling rank nor on the one waiting for it"
+    "A compile longer than FASTDDP_STALL is not a stall, on the compiling rank nor on the one waiting for it, even one that found it stalled first"
     rs = run_ranks(SLOW, 2, env={'FASTDDP_STALL': '3'}, timeout=300)
     assert all(r['ok'] for r in rs)
