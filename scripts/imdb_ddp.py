@@ -23,15 +23,19 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
         kind = 'imdb_sample' if sample else 'imdb'
         path = get_data(kind, data, synthetic)
         def _dls(): # tokenised once by rank 0 (fastai caches it next to the data), then read by the others
-            if sample: return TextDataLoaders.from_csv(path, 'texts.csv', text_col='text', label_col='label', valid_col='is_valid', bs=bs, seed=o.seed, num_workers=n_workers())
+            if sample: return TextDataLoaders.from_csv(path, 'texts.csv', text_col='text', label_col='label', valid_col='is_valid',
+                                                       bs=bs, seed=o.seed, num_workers=n_workers())
             return TextDataLoaders.from_folder(path, valid='test', bs=bs, seed=o.seed, num_workers=n_workers())
         dls = rank0_first(_dls)
         # pretrained: fastai downloads WT103's weights (`untar_data`) unless ~/.fastai/models has them; only that download failing
         # means "no weights" (any other error is the learner's own, and shows as it is)
-        try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy, cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
-        except offline_errors as e: raise ScriptError(f"no pretrained WT103 weights (could not download them: {type(e).__name__}: {e}): they download into ~/.fastai/models once online; or pass --no-pretrained") from e
+        try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy,
+                                             cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
+        except offline_errors as e: raise ScriptError(f"no pretrained WT103 weights (could not download them: {type(e).__name__}: {e}): "
+                                                      "they download into ~/.fastai/models once online; or pass --no-pretrained") from e
         t0 = time.time()
         # AWD-LSTM's fine_tune leaves parameters without gradients while frozen: DDP must look for them
-        with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook, find_unused_parameters=True): learn.fine_tune(epochs, lr)
+        with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook, find_unused_parameters=True):
+            learn.fine_tune(epochs, lr)
         finish(learn, 'imdb', epochs, time.time()-t0, len(dls.train_ds), o.out)
     run_main(_run)

@@ -25,7 +25,8 @@ def get_arch(name, pretrained, weights='DEFAULT'):
         except offline_errors as e:
             files = {Path(o.url).name: [k for k,v in ws.__members__.items() if v==o] for o in ws}
             choices = '; '.join(f"{f} (--weights {' or '.join(ks)})" for f,ks in files.items())
-            raise ScriptError(f"no pretrained weights {weights} for {name} (could not download {fn.name}: {type(e).__name__}): put one of {choices} in {fn.parent}, or pass --no-pretrained") from e
+            raise ScriptError(f"no pretrained weights {weights} for {name} (could not download {fn.name}: {type(e).__name__}): "
+                              f"put one of {choices} in {fn.parent}, or pass --no-pretrained") from e
     return arch, w
 
 @call_parse
@@ -39,7 +40,9 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
          epochs:int=1, # epochs after the frozen one (fine_tune)
          bs:int=64, # batch size per process
          lr:float=2e-3, # the single-process learning rate
-         workers:int=None, # DataLoader workers per rank; default: this rank's share of the CPUs (`n_workers()`); -1: leave num_workers out (fastai's default, which distrib_ctx shares)
+         # DataLoader workers per rank; default: this rank's share of the CPUs (`n_workers()`);
+         # -1: leave num_workers out (fastai's default, which distrib_ctx shares)
+         workers:int=None,
          **kwargs): # the common flags (`fastddp.script.script_flags`)
     "Fine-tune `arch` on the pet breeds; labels from the file names, images converted to RGB"
     o = script_flags(**kwargs)
@@ -47,8 +50,10 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
         set_seed(o.seed)
         path = get_data('pets', data, synthetic)
         a,w = rank0_first(get_arch, arch, pretrained, weights) # rank 0 fetches the weights, the others find them cached
-        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=o.seed, **({} if workers==-1 else dict(num_workers=n_workers() if workers is None else workers)))
-        learn = vision_learner(dls, a, pretrained=pretrained, weights=w, metrics=error_rate, cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
+        dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=o.seed,
+                                           **({} if workers==-1 else dict(num_workers=n_workers() if workers is None else workers)))
+        learn = vision_learner(dls, a, pretrained=pretrained, weights=w, metrics=error_rate,
+                               cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
         t0 = time.time()
         with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook): learn.fine_tune(epochs, lr)
         finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), o.out)

@@ -56,5 +56,6 @@ def start(code, largs=(), args=(), env=None, launcher='fastddp'):
     fn.write_text(code)
     cmd = {'fastddp': [sys.executable, '-m', 'fastddp.launch'], 'fastai': [sys.executable, '-m', 'fastai.launch']}[launcher]
     e = {**os.environ, 'FASTDDP_REPORT_DIR': d, 'PYTHONUNBUFFERED': '1', **(env or {})}
-    p = subprocess.Popen(cmd+list(map(str, largs))+[str(fn), *map(str, args)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(cmd+list(map(str, largs))+[str(fn), *map(str, args)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, stdin=subprocess.DEVNULL)
     return p, d

@@ -40,7 +40,8 @@ def shape(self:Hosts, rate:str=None): # such as '100mbit' or '1gbit'; None: no l
     "Limit both ends of the link to `rate` with a token bucket"
     for n,v,_ in self.hosts:
         subprocess.run(['ip', 'netns', 'exec', n, 'tc', 'qdisc', 'del', 'dev', v, 'root'], capture_output=True)
-        if rate: _sh('ip', 'netns', 'exec', n, 'tc', 'qdisc', 'add', 'dev', v, 'root', 'tbf', 'rate', rate, 'burst', '64kb', 'latency', '1s')
+        if rate: _sh('ip', 'netns', 'exec', n, 'tc', 'qdisc', 'add', 'dev', v, 'root', 'tbf', 'rate', rate, 'burst', '64kb',
+                     'latency', '1s')
 
 @patch
 def launch(self:Hosts, script, # the script's path
@@ -50,6 +51,6 @@ def launch(self:Hosts, script, # the script's path
     "Start one `fastddp-launch --nnodes 2 --nproc 1` on each host, rank 0's host the master; return their `Popen`s"
     e = {**os.environ, 'PYTHONUNBUFFERED': '1', **(env or {})}
     port = port or free_port()
-    return [subprocess.Popen(['ip', 'netns', 'exec', n, sys.executable, '-m', 'fastddp.launch', '--nnodes', '2', '--node-rank', str(i), '--nproc', '1',
-                              '--master-addr', self[0][2], '--master-port', str(port), str(script), *map(str, args)],
+    return [subprocess.Popen(['ip', 'netns', 'exec', n, sys.executable, '-m', 'fastddp.launch', '--nnodes', '2', '--node-rank', str(i),
+                              '--nproc', '1', '--master-addr', self[0][2], '--master-port', str(port), str(script), *map(str, args)],
                              env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i,(n,_,_) in enumerate(self.hosts)]

@@ -7,7 +7,8 @@ from fastddp.testing import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 KW = dict(arch='tabular', size=8, bs=8, steps=3, warmup=1) # 4 training batches per run
-MODES = ['raw','nosync','ddp','pytorch','steploss','acc2','fp16','powersgd','timecost','bucket_view','static_graph','one_bucket','bucket_5mb']
+MODES = ['raw','nosync','ddp','pytorch','steploss','acc2','fp16','powersgd','timecost','bucket_view','static_graph','one_bucket',
+         'bucket_5mb']
 
 # Every mode in ONE pair of processes (the bench itself starts fresh processes per run; here the start-up would dominate)
 _code = f'''
@@ -72,7 +73,8 @@ def results(tmp_path_factory):
 
 def test_saved_result(results):
     r = json.loads((results/'01_tiny.json').read_text())
-    assert r['kind']=='bench' and r['command'].startswith('python -m fastddp.bench --model tabular') and r['machine']['cores']>0 and r['date']
+    assert (r['kind']=='bench' and r['command'].startswith('python -m fastddp.bench --model tabular') and r['machine']['cores']>0
+            and r['date'])
     assert sorted(r['samples_per_s'])==['ddp@2','raw@2'] and r['phases']['ddp@2']['forward']>0 # TimeCost on by default
     md,lo,hi,_ = ratios(r['samples_per_s'])['ddp@2 / raw@2 (vs hand-written DDP)']
     assert md>0 and math.isfinite(md) and lo<=md<=hi
@@ -84,12 +86,15 @@ def test_saved_result(results):
 
 def _page(results, tmp_path):
     index = tmp_path/'index.ipynb'
-    index.write_text(json.dumps(dict(cells=[dict(cell_type='markdown', id='a', metadata={}, source=["# x\n<!-- bench:start -->\nold\n<!-- bench:end -->\nrest"])],
+    index.write_text(json.dumps(dict(cells=[dict(cell_type='markdown', id='a', metadata={},
+                                                 source=["# x\n<!-- bench:start -->\nold\n<!-- bench:end -->\nrest"])],
                                 metadata={}, nbformat=4, nbformat_minor=5)))
     out = tmp_path/'benchmarks.ipynb'
-    p = subprocess.run([sys.executable, 'tools/bench_page.py', str(results), str(out), str(index)], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, 'tools/bench_page.py', str(results), str(out), str(index)], cwd=ROOT, capture_output=True,
+                       text=True)
     assert p.returncode==0, p.stderr
-    return ''.join(''.join(c['source']) for c in json.loads(out.read_text())['cells']), ''.join(json.loads(index.read_text())['cells'][0]['source'])
+    return (''.join(''.join(c['source']) for c in json.loads(out.read_text())['cells']),
+            ''.join(json.loads(index.read_text())['cells'][0]['source']))
 
 def test_page(results, tmp_path):
     page,readme = _page(results, tmp_path)
@@ -104,7 +109,8 @@ def test_page_empty(tmp_path):
     assert 'No results yet' in page and 'python -m fastddp.bench --modes single,dp,raw,ddp' in page and 'No benchmark results yet' in readme
 
 def test_short_step_modes():
-    "The MLP workload: `fastai` is fastai's own fit in a process without fastddp's patches; `hooks=False` leaves DDP's own all-reduce on both sides"
+    ("The MLP workload: `fastai` is fastai's own fit in a process without fastddp's patches; "
+     "`hooks=False` leaves DDP's own all-reduce on both sides")
     from fastddp.bench import run_mode
     kw = dict(arch='mlp', size=0, bs=8, steps=3, warmup=1)
     assert run_mode('fastai', **kw)['samples_per_s']>0 # `run_plain` raises if fastddp's patches were loaded

@@ -18,11 +18,14 @@ class DieMidSave(Checkpoint): # mode 'die@NAME': the writer of NAME dies once th
 set_seed(0)
 x = torch.randn(64,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
 torch.manual_seed(0)
+# 8 steps an epoch: mid-epoch checkpoints too
 learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cpu'),
-                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=DieMidSave(every=5)) # 8 steps an epoch: mid-epoch checkpoints too
+                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path,
+                cbs=DieMidSave(every=5))
 class Die(Callback): # rank 1 dies at the 3rd step of the 2nd epoch, on the first attempt only
     def after_batch(self):
-        if mode=='die' and self.training and self.epoch==1 and self.iter==2 and rank()==world_size()-1 and os.environ.get('TORCHELASTIC_RESTART_COUNT','0')=='0': os._exit(5)
+        if (mode=='die' and self.training and self.epoch==1 and self.iter==2 and rank()==world_size()-1
+            and os.environ.get('TORCHELASTIC_RESTART_COUNT','0')=='0'): os._exit(5)
 t0 = time.time()
 with learn.distrib_ctx(): learn.fit_one_cycle(n_ep, 0.01, cbs=Die())
 report(w=[p.detach().clone() for p in learn.model.parameters()], restart=os.environ.get('TORCHELASTIC_RESTART_COUNT'), t=time.time())
@@ -35,7 +38,8 @@ def _flat(ws):
 def test_resume_after_kill(tmp_path, marker):
     "A rank killed mid-epoch 2 under --max-restarts 1: all restart, resume, and end with the uninterrupted weights (1e-6)"
     t0 = time.time(); ref = run_ranks(CK, n=2, args=[tmp_path/'ref', 'live', 4, marker]); t_ref = time.time()-t0
-    t0 = time.time(); rs = run_ranks(CK, n=2, args=[tmp_path/'run', 'die', 4, marker], largs=['--max-restarts', '1']); t_kill = time.time()-t0
+    t0 = time.time(); rs = run_ranks(CK, n=2, args=[tmp_path/'run', 'die', 4, marker], largs=['--max-restarts', '1'])
+    t_kill = time.time()-t0
     assert [o['restart'] for o in rs]==['1','1']
     assert "resuming from" in rs.out and "ckpt_e0001_s000002.pth" in rs.out # killed after step 11, checkpoint at step 10
     for o in rs: assert (_flat(o['w'])-_flat(ref[0]['w'])).abs().max()<1e-6
@@ -52,7 +56,8 @@ def test_writer_killed_mid_save(tmp_path):
     names = sorted(o.name for o in (tmp_path/'checkpoints').iterdir())
     assert names==['ckpt_e0001_s000002.pth', 'ckpt_e0001_s000007.pth', 'ckpt_e0002_s000000.pth.tmp'], names
     import torch
-    assert torch.load(tmp_path/'checkpoints'/'ckpt_e0002_s000000.pth.tmp', weights_only=False)['epoch']==2 # the new one was written whole, never renamed
+    # the new one was written whole, never renamed
+    assert torch.load(tmp_path/'checkpoints'/'ckpt_e0002_s000000.pth.tmp', weights_only=False)['epoch']==2
     rs = run_ranks(CK, n=2, args=[tmp_path, 'live', 4])
     assert "resuming from" in rs.out and "ckpt_e0001_s000007.pth" in rs.out
 
@@ -74,11 +79,14 @@ def test_hung_rank_times_out(marker):
 
 # The same script sharded (FSDP2): each rank writes its shards with torch.distributed.checkpoint
 SCK = CK.replace("with learn.distrib_ctx():", "with learn.distrib_ctx(shard=True, shard_min=10):").replace(
-    "report(w=", "report(opt=[{k:v.clone() for k,v in learn.opt.state[p].items() if isinstance(v, torch.Tensor)} for p in learn.model.parameters()], w=")
+    "report(w=",
+    "report(opt=[{k:v.clone() for k,v in learn.opt.state[p].items() if isinstance(v, torch.Tensor)} for p in learn.model.parameters()], "
+    "w=")
 
 @pytest.mark.smoke
 def test_sharded_resume(tmp_path, marker):
-    "Sharded: a rank killed mid-epoch resumes from the shards to the uninterrupted weights, bit for bit; 2 ranks' checkpoint loads at 3 at an epoch's end, not mid-epoch"
+    ("Sharded: a rank killed mid-epoch resumes from the shards to the uninterrupted weights, bit for bit; "
+     "2 ranks' checkpoint loads at 3 at an epoch's end, not mid-epoch")
     import torch
     ref = run_ranks(SCK, n=2, args=[tmp_path/'ref', 'live', 4, marker])
     rs = run_ranks(SCK, n=2, args=[tmp_path/'run', 'die', 4, marker], largs=['--max-restarts', '1'])
@@ -86,7 +94,9 @@ def test_sharded_resume(tmp_path, marker):
     for o in rs: assert torch.equal(_flat(o['w']), _flat(ref[0]['w']))
     ck = tmp_path/'run'/'checkpoints'
     names = sorted(o.name for o in ck.iterdir())
-    assert len(names)==2 and names[1]=='ckpt_e0004_s000000.dcp' and names[0].endswith('.dcp') and not names[0].endswith('_s000000.dcp'), names # kept 2 (the older mid-epoch), no temporary left
+    # kept 2 (the older mid-epoch), no temporary left
+    assert (len(names)==2 and names[1]=='ckpt_e0004_s000000.dcp' and names[0].endswith('.dcp')
+            and not names[0].endswith('_s000000.dcp')), names
     assert len(list((ck/'ckpt_e0004_s000000.dcp').glob('*.distcp')))==2 # one file of shards per rank
     # at 3 ranks, from the end of the last epoch: the saved weights and Adam's state, resharded
     three = run_ranks(SCK, n=3, args=[tmp_path/'run', 'live', 4, marker])

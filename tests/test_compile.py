@@ -1,4 +1,5 @@
-"`distrib_ctx(compile=...)`: compiled and eager agree under DDP and sharding, through fine_tune, validation, a short last batch, lr_find, saving, checkpoints and export"
+("`distrib_ctx(compile=...)`: compiled and eager agree under DDP and sharding, through fine_tune, validation, a short last batch, "
+ "lr_find, saving, checkpoints and export")
 import sys, subprocess, pytest, torch
 from fastddp.testing import run_ranks
 
@@ -20,9 +21,11 @@ def learner(n=46, nv=21, bs=8):
     "A body (BatchNorm, no bias before it) and a head, split for freeze/unfreeze; 46 items on 2 ranks: batches of 8, 8 and 7"
     set_seed(0); x = torch.randn(n+nv, 8); ds = list(zip(x, (x[:,:4].sum(1)>0).long()))
     set_seed(1+rank()) # other weights on every rank: the wrappers start from rank 0's
-    m = nn.Sequential(nn.Sequential(nn.Linear(8,32,bias=False), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32,32), nn.ReLU()), nn.Linear(32,2))
+    m = nn.Sequential(nn.Sequential(nn.Linear(8,32,bias=False), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32,32), nn.ReLU()),
+                      nn.Linear(32,2))
     dls = DataLoaders(DataLoader(ds[:n], bs=bs, shuffle=True), DataLoader(ds[n:], bs=bs), device='cpu')
-    return Learner(dls, m, loss_func=CrossEntropyLossFlat(), metrics=accuracy, lr=1e-2, path=tmp, splitter=lambda m: [params(m[0]), params(m[1])])
+    return Learner(dls, m, loss_func=CrossEntropyLossFlat(), metrics=accuracy, lr=1e-2, path=tmp,
+                   splitter=lambda m: [params(m[0]), params(m[1])])
 
 def eager(m): return all(getattr(o, '_compiled_call_impl', None) is None for o in m.modules())
 def weights(l): return [p.detach().clone() for p in l.model.parameters()]
@@ -56,11 +59,13 @@ with l.distrib_ctx(dynamo_backend='aot_eager'):
     cb = [o for o in l.cbs if type(o).__name__=='Compile']
     f = l.save('compiled')
     distrib_barrier() # rank 0 writes it
-    report(dyn=dict(compiles=n_compiles()-n0, has_cb=len(cb)==1, wrapper=type(l.model).__name__, keys=list(torch.load(f, weights_only=False)['model'])))
+    report(dyn=dict(compiles=n_compiles()-n0, has_cb=len(cb)==1, wrapper=type(l.model).__name__,
+                    keys=list(torch.load(f, weights_only=False)['model'])))
     w1 = weights(l)
 l2 = learner()
 l2.load('compiled') # a plain learner reads the compiled learner's file
-report(loaded=all(torch.equal(a, b) for a,b in zip(w1, weights(l2))), eager_after=eager(l.model) and not any(type(o).__name__=='Compile' for o in l.cbs))
+report(loaded=all(torch.equal(a, b) for a,b in zip(w1, weights(l2))),
+       eager_after=eager(l.model) and not any(type(o).__name__=='Compile' for o in l.cbs))
 
 # checkpoints: written compiled, resumed eager; written eager, resumed compiled
 for first,then,d in ((AOT, None, 'ck_ce'), (None, AOT, 'ck_ec')):
@@ -84,7 +89,8 @@ report(tune=dict(chosen=l.ddp_tuning['chosen'], steps=l.ddp_tuning['steps'], tc=
 l = learner()
 with l.distrib_ctx(compile=AOT):
     l.fit(1)
-    l.dls = Datasets(list(torch.randn(4,8)), tfms=[[noop],[noop]]).dataloaders(bs=2, device='cpu') # export keeps an empty copy: fastai datasets
+    # export keeps an empty copy: fastai datasets
+    l.dls = Datasets(list(torch.randn(4,8)), tfms=[[noop],[noop]]).dataloaders(bs=2, device='cpu')
     l.export(tmp/'compiled.pkl')
     x = torch.randn(5, 8)
     report(x=x, pred=l.model.eval()(x).detach())
@@ -106,12 +112,14 @@ def test_numbers(matrix):
     assert close(rs[0]['w3_ddp_True'], rs[1]['w3_ddp_True'], 0)
 
 def test_fine_tune(matrix):
-    "fine_tune compiled: losses and accuracy within 1e-4 of eager, few compiles, an eager model after the context, compile steps apart in TimeCost"
+    ("fine_tune compiled: losses and accuracy within 1e-4 of eager, few compiles, an eager model after the context, "
+     "compile steps apart in TimeCost")
     _,rs = matrix
     for r in rs:
         for k in ('ddp', 'shard'):
             c,e = r[f'ft_{k}_True'],r[f'ft_{k}_False']
-            assert len(c['vals'])==2 and all(abs(a-b)<=1e-4 for va,vb in zip(c['vals'], e['vals']) for a,b in zip(va, vb)), (c['vals'], e['vals'])
+            assert len(c['vals'])==2 and all(abs(a-b)<=1e-4 for va,vb in zip(c['vals'], e['vals'])
+                                             for a,b in zip(va, vb)), (c['vals'], e['vals'])
             assert close(c['w'], e['w'], 1e-4)
             assert c['cls']=='Sequential' and c['eager'], c
             assert e['compiles']==0 and 0<c['compiles']<=(4 if k=='ddp' else 8), (k, c['compiles']) # train, eval; train unfrozen, eval
@@ -168,7 +176,8 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 def learner(f=noop):
     set_seed(0); x = torch.randn(40, 8); ds = list(zip(x, (x[:,:4].sum(1)>0).long()))
     m = nn.Sequential(nn.Linear(8,16), nn.ReLU(), nn.Sequential(nn.Linear(16,2), Lambda(f)))
-    return Learner(DataLoaders(DataLoader(ds[:30], bs=8, shuffle=True), DataLoader(ds[30:], bs=8), device='cpu'), m, loss_func=CrossEntropyLossFlat(),
+    return Learner(DataLoaders(DataLoader(ds[:30], bs=8, shuffle=True), DataLoader(ds[30:], bs=8), device='cpu'), m,
+                   loss_func=CrossEntropyLossFlat(),
                    splitter=lambda m: [params(m[0]), params(m[2])], path=Path(sys.argv[1]))
 def err(f):
     try: f()
@@ -202,7 +211,8 @@ def test_errors(tmp_path):
     r = run_ranks(ERRORS, 1, args=[tmp_path], launcher='python', timeout=300)[0]
     assert r['nocxx'].startswith('CompileError: compile: inductor needs a C++ compiler'), r['nocxx']
     assert 'Compile' not in r['nocxx_try'][0] and not r['nocxx_try'][1] # eager, said once on stderr
-    assert r['trace'].startswith('CompileError: torch.compile failed on the model (Sequential)') and "compile='try'" in r['trace'], r['trace']
+    assert (r['trace'].startswith('CompileError: torch.compile failed on the model (Sequential)')
+            and "compile='try'" in r['trace']), r['trace']
     assert 'Compile' in r['trace_try'][0] and not r['trace_try'][1] # the failing module fell back to eager
     assert 'unknown argument bakend' in r['typo'] and "expected True, 'try'" in r['kind'] and 'both ask to compile' in r['both']
     w = r['ws1']
@@ -213,7 +223,8 @@ import torch, torch._inductor.config
 from fastai.basics import *
 from fastai.distributed import *
 torch._inductor.config.cpp.cxx = (None, '/nonexistent/g++')
-l = Learner(DataLoaders(DataLoader(list(zip(torch.randn(8,2), torch.randn(8,1))), bs=4), DataLoader([], bs=4), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat())
+l = Learner(DataLoaders(DataLoader(list(zip(torch.randn(8,2), torch.randn(8,1))), bs=4), DataLoader([], bs=4), device='cpu'),
+            nn.Linear(2,1), loss_func=MSELossFlat())
 with l.distrib_ctx(compile=True): l.fit(1)
 '''
 
@@ -242,7 +253,8 @@ def learner(n, nv, bs):
     y = (xs[-1].flatten(1)[:,0]>0).long() # something to learn
     ds = list(zip(*xs, y))
     dls = DataLoaders(DataLoader(ds[:n], bs=bs, shuffle=True), DataLoader(ds[n:], bs=bs), device='cpu')
-    return Learner(dls, _model(arch), loss_func=CrossEntropyLossFlat(), metrics=accuracy, lr=1e-3, opt_func=opt) # the same weights on every rank
+    # the same weights on every rank
+    return Learner(dls, _model(arch), loss_func=CrossEntropyLossFlat(), metrics=accuracy, lr=1e-3, opt_func=opt)
 
 n0 = n_compiles()
 for c in (None, dict(backend='inductor')):
@@ -264,11 +276,14 @@ def _inductor(tmp_path, arch, n, opt='adam', tol=1e-5, max_compiles=4):
         c,e = r['fit_True'],r['fit_False']
         assert 0<r['compiles']<=max_compiles, r['compiles'] # training, validation (a short last batch in both: no recompile)
         for vc,ve in zip(c['vals'], e['vals']):
-            assert abs(vc[0]-ve[0])<=1e-3*abs(ve[0]) and abs(vc[1]-ve[1])<=1e-3*abs(ve[1]) and abs(vc[2]-ve[2])<=0.02, (c['vals'], e['vals']) # losses within 0.1%, accuracy within 2 points
+            # losses within 0.1%, accuracy within 2 points
+            assert (abs(vc[0]-ve[0])<=1e-3*abs(ve[0]) and abs(vc[1]-ve[1])<=1e-3*abs(ve[1])
+                    and abs(vc[2]-ve[2])<=0.02), (c['vals'], e['vals'])
     return rs
 
 def test_inductor_tabular(tmp_path):
-    "inductor on the tabular model, 2 ranks: weights within 1e-5 of eager after 3 steps; two epochs: losses within 0.1%, accuracy within 2 points"
+    ("inductor on the tabular model, 2 ranks: weights within 1e-5 of eager after 3 steps; "
+     "two epochs: losses within 0.1%, accuracy within 2 points")
     _inductor(tmp_path, 'tabular', 410)
 
 @pytest.mark.slow
@@ -289,7 +304,8 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 def learner():
     set_seed(0); x = torch.randn(300, 16); ds = list(zip(x, (x[:,0]>0).long()))
     m = nn.Sequential(nn.Linear(16,64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64,2))
-    return Learner(DataLoaders(DataLoader(ds[:250], bs=32, shuffle=True), DataLoader(ds[250:], bs=32)), m, loss_func=CrossEntropyLossFlat(), metrics=accuracy)
+    return Learner(DataLoaders(DataLoader(ds[:250], bs=32, shuffle=True), DataLoader(ds[250:], bs=32)), m,
+                   loss_func=CrossEntropyLossFlat(), metrics=accuracy)
 for mode in (None, 'reduce-overhead', 'max-autotune'):
     l = learner()
     with l.distrib_ctx(compile=dict(mode=mode) if mode else None): l.fit(2, 1e-2)
@@ -319,12 +335,14 @@ def slow(gm, example_inputs):
         time.sleep(9) # FASTDDP_STALL=3
     return gm.forward
 x = torch.randn(64, 8); ds = list(zip(x, (x[:,0]>0).long()))
-l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'), nn.Sequential(nn.Linear(8,8), nn.ReLU(), nn.Linear(8,2)), loss_func=CrossEntropyLossFlat())
+l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'),
+            nn.Sequential(nn.Linear(8,8), nn.ReLU(), nn.Linear(8,2)), loss_func=CrossEntropyLossFlat())
 with l.distrib_ctx(compile=dict(backend=slow)): l.fit(1)
 report(ok=True)
 '''
 
 def test_watchdog_compile(tmp_path):
-    "A compile longer than FASTDDP_STALL is not a stall, on the compiling rank nor on the one waiting for it, even one that found it stalled first"
+    ("A compile longer than FASTDDP_STALL is not a stall, on the compiling rank nor on the one waiting for it, "
+     "even one that found it stalled first")
     rs = run_ranks(SLOW, 2, env={'FASTDDP_STALL': '3'}, timeout=300)
     assert all(r['ok'] for r in rs)

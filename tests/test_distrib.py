@@ -65,13 +65,15 @@ report(seen=seen)
 def _check_equiv(rs, n, ws, log):
     test_ws = len(rs)
     assert test_ws==ws
-    for o in rs: assert o['in_ctx']=='DistributedDataParallel' and o['model']=='Linear' and not {'DistributedTrainer','EpochLoss'} & set(o['cbs'])
+    for o in rs:
+        assert o['in_ctx']=='DistributedDataParallel' and o['model']=='Linear' and not {'DistributedTrainer','EpochLoss'} & set(o['cbs'])
     for o in rs[1:]: assert (o['w']-rs[0]['w']).abs().max()<1e-6, "ranks ended with different weights"
     assert (rs[0]['w']-rs[0]['ref']).abs().max()<1e-5, (rs[0]['w'], rs[0]['ref'])
     assert rs[0]['single_again']
     # the smoothed training loss, recorded per step and per epoch, is the one-process loss of the global batch, on every rank
     for o in rs:
-        assert all(abs(a-b)<1e-5*max(1,abs(b)) for a,b in zip(o['losses'], rs[0]['ref_losses'])) and len(o['losses'])==len(rs[0]['ref_losses'])
+        assert (all(abs(a-b)<1e-5*max(1,abs(b)) for a,b in zip(o['losses'], rs[0]['ref_losses']))
+                and len(o['losses'])==len(rs[0]['ref_losses']))
         assert all(abs(x-y)<1e-5*max(1,abs(y)) for a,b in zip(o['vals'], rs[0]['ref_vals']) for x,y in zip(a,b)) # train and valid loss
     # rank0_first: rank 0 started and ended before any other rank started
     lines = log.read_text().split()
@@ -136,7 +138,8 @@ with learn.distrib_ctx(): learn.fit(1, 1e-3)
 report(vision=[p.detach().clone() for p in learn.model.parameters()], vis_loss=learn.recorder.values[-1][1])
 # a tabular learner
 df = pd.DataFrame({'a': np.random.randn(64), 'b': np.random.choice(['u','v'], 64)}); df['y'] = (df.a>0).astype(int)
-tdl = TabularDataLoaders.from_df(df, procs=[Categorify, Normalize], cat_names=['b'], cont_names=['a'], y_names='y', y_block=CategoryBlock(), bs=8, device='cpu')
+tdl = TabularDataLoaders.from_df(df, procs=[Categorify, Normalize], cat_names=['b'], cont_names=['a'], y_names='y', y_block=CategoryBlock(),
+                                 bs=8, device='cpu')
 tl = tabular_learner(tdl, layers=[8], metrics=accuracy)
 with tl.distrib_ctx(): tl.fit(1, 1e-2)
 report(tab=[p.detach().clone() for p in tl.model.parameters()], tab_loss=tl.recorder.values[-1][1])
@@ -185,7 +188,8 @@ def test_bad_use():
         with pytest.raises(DistribError, match="needs a CUDA GPU"): check_backend('nccl')
 
 # what each rank sees while it trains: where the model is, and the process group's backend (None when there is none)
-GPU = WS1.replace("device='cpu'", "device='cuda'").replace("learn.fit(1)", """learn.fit(1, cbs=Dev())""").replace("w0 = ", """class Dev(Callback):
+GPU = WS1.replace("device='cpu'", "device='cuda'").replace("learn.fit(1)", """learn.fit(1, cbs=Dev())""").replace(
+    "w0 = ", """class Dev(Callback):
     def after_batch(self):
         pg = torch.distributed.is_initialized()
         report(dev=str(next(self.learn.model.parameters()).device), be=torch.distributed.get_backend() if pg else None)

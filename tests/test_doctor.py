@@ -8,7 +8,8 @@ _dist = ('MASTER_ADDR','MASTER_PORT','WORLD_SIZE','RANK','LOCAL_RANK')
 def doctor(*args, env=None, cmd=(sys.executable, '-m', 'fastddp.doctor'), timeout=120):
     "Run the doctor in a clean distributed environment plus `env`"
     e = {k:v for k,v in os.environ.items() if k not in _dist}
-    return subprocess.run([*cmd, *map(str, args)], env={**e, **(env or {})}, capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+    return subprocess.run([*cmd, *map(str, args)], env={**e, **(env or {})}, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          stdin=subprocess.DEVNULL)
 
 @pytest.mark.skipif(has_cuda(), reason="checks the report of a machine without GPU")
 def test_report_no_gpu():
@@ -50,7 +51,8 @@ def test_json_same_fields():
     assert lines[-1].startswith(f"status {r['status']}:")
 
 def test_bench():
-    "--bench on 2 gloo ranks: a row per size, positive bus bandwidth below the memory-copy bandwidth of the same run, and a model's gradients"
+    ("--bench on 2 gloo ranks: a row per size, positive bus bandwidth below the memory-copy bandwidth of the same run, "
+     "and a model's gradients")
     p = doctor('--bench', '--json', '--nproc', 2, '--max-size', '1M', '--model', 'resnet18', timeout=90)
     assert p.returncode in (0,1), p.stdout+p.stderr
     b = json.loads(p.stdout)['bench']
@@ -73,7 +75,8 @@ def test_bad_max_size():
 
 def test_light_import():
     "Importing the module imports neither torch nor fastai"
-    p = subprocess.run([sys.executable, '-c', "import sys, fastddp.doctor; print('torch' in sys.modules, 'fastai' in sys.modules)"], capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run([sys.executable, '-c', "import sys, fastddp.doctor; print('torch' in sys.modules, 'fastai' in sys.modules)"],
+                       capture_output=True, text=True, cwd=ROOT)
     assert p.stdout.split()==['False', 'False'], p.stderr
 
 def test_bench_failures():
@@ -82,7 +85,8 @@ def test_bench_failures():
     r = json.loads(p.stdout)
     assert p.returncode==1 and 'bench' not in r
     assert [c['value'] for c in r['checks'] if c['name']=='bench']==["--model resnet35: not a torchvision model"]
-    p = doctor('--bench', '--json', '--nproc', 2, '--max-size', '4K', env={'FASTDDP_TIMEOUT': 'abc'}, timeout=90) # the ranks' `init_distrib` cannot read it
+    # the ranks' `init_distrib` cannot read it
+    p = doctor('--bench', '--json', '--nproc', 2, '--max-size', '4K', env={'FASTDDP_TIMEOUT': 'abc'}, timeout=90)
     r = json.loads(p.stdout)
     assert p.returncode==1 and 'bench' not in r
     assert [c['value'] for c in r['checks'] if c['name']=='bench']==["the ranks failed (exit code 1)"]

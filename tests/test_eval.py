@@ -36,10 +36,12 @@ cont = ['age','fnlwgt','education-num']
 splits = (list(range(127)), list(range(127,150)))
 to = TabularPandas(df, [Categorify, FillMissing, Normalize], cat, cont, y_names='salary', splits=splits)
 dls = to.dataloaders(bs=4, device='cpu')
-both('tab', tabular_learner(dls, layers=[16], metrics=[accuracy, error_rate, F1Score(), RocAucBinary()]), test_items=df.iloc[:7], with_input=True)
+both('tab', tabular_learner(dls, layers=[16], metrics=[accuracy, error_rate, F1Score(), RocAucBinary()]), test_items=df.iloc[:7],
+     with_input=True)
 
 # tabular regression: rmse (AccumMetric) and R2
-tr = TabularPandas(df, [Categorify, FillMissing, Normalize], cat, ['fnlwgt','education-num'], y_names='age', y_block=RegressionBlock(), splits=splits)
+tr = TabularPandas(df, [Categorify, FillMissing, Normalize], cat, ['fnlwgt','education-num'], y_names='age', y_block=RegressionBlock(),
+                   splits=splits)
 both('reg', tabular_learner(tr.dataloaders(bs=4, device='cpu'), layers=[16], metrics=[rmse, R2Score()]))
 
 # vision classification: a CNN with BatchNorm on 10 images, fewer than the batch size

@@ -22,15 +22,17 @@ from fastddp.distrib import setup_distrib
 import time, torch.distributed as dist
 torch.manual_seed(0)
 x = torch.randn(256,512); ds = list(zip(x, x[:,:1]))
-learn = Learner(DataLoaders(DataLoader(ds, bs=16), DataLoader(ds[:32], bs=16), device='cpu'), nn.Sequential(nn.Linear(512,512), nn.Linear(512,1)), loss_func=MSELossFlat())
+learn = Learner(DataLoaders(DataLoader(ds, bs=16), DataLoader(ds[:32], bs=16), device='cpu'),
+                nn.Sequential(nn.Linear(512,512), nn.Linear(512,1)), loss_func=MSELossFlat())
 tc = TimeCost(show=False)
 with learn.distrib_ctx(): learn.fit(1, cbs=[tc])
 st = tc.stats(); ph = {p:v[0][0] for p,v in st['phases'].items()}
 setup_distrib(); t = torch.ones(2**20) # 4 MiB
 dist.all_reduce(t); dist.barrier(); t0 = time.perf_counter()
 for _ in range(3): dist.all_reduce(t)
-report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.environ.get('GLOO_SOCKET_IFNAME'), valid=learn.recorder.values[-1][1],
-       comm=ph['comm']/sum(ph.values()), mbit=st['comm_mbit'], advice=dict(recommend(st)).get('comm'), Bps=3*4*2**20/(time.perf_counter()-t0))
+report(w=[p.detach().clone() for p in learn.model.parameters()], iface=os.environ.get('GLOO_SOCKET_IFNAME'),
+       valid=learn.recorder.values[-1][1], comm=ph['comm']/sum(ph.values()), mbit=st['comm_mbit'], advice=dict(recommend(st)).get('comm'),
+       Bps=3*4*2**20/(time.perf_counter()-t0))
 '''
 
 def run_pair(hosts, marker):
@@ -42,10 +44,12 @@ def run_pair(hosts, marker):
     return read_reports(d, 2),outs,[hosts.sent(i)-t for i,t in enumerate(t0)]
 
 def test_two_hosts_train(hosts, marker):
-    "No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; then over a 100 Mbit/s link, which TimeCost measures and advises on"
+    ("No interface given: each node picks the veth that reaches the master, the job trains, the gradients cross the link; "
+     "then over a 100 Mbit/s link, which TimeCost measures and advises on")
     rs,outs,sent = run_pair(hosts, marker)
     assert [r['iface'] for r in rs]==[h[1] for h in hosts.hosts]
-    assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o for h,o in zip(hosts.hosts, outs)), outs[0][-2000:]
+    assert all(f"network interface {h[1]} ({h[2]}), which reaches the master {hosts[0][2]}" in o
+               for h,o in zip(hosts.hosts, outs)), outs[0][-2000:]
     for a,b in zip(*[r['w'] for r in rs]): assert torch.equal(a, b)
     assert rs[0]['valid']==rs[1]['valid']
     # 8 steps, each all-reducing 1 MiB of gradients: a ring all-reduce sends about the payload each way
@@ -56,23 +60,28 @@ def test_two_hosts_train(hosts, marker):
     finally: hosts.shape(None)
     for a,b in zip(rs[0]['w'], slow[0]['w']): assert torch.equal(a, b) # the link changes the time, not the numbers
     assert max(o['Bps'] for o in slow)<=1.1*100e6/8, [o['Bps'] for o in slow] # the shaping is in effect
-    assert min(o['comm'] for o in slow)>max(o['comm'] for o in rs), ([o['comm'] for o in rs], [o['comm'] for o in slow]) # the report sees it
-    # TimeCost measures the link's rate in the training steps, and its advice quotes it, compression first, then the accumulation that meets the limit
+    # the report sees it
+    assert min(o['comm'] for o in slow)>max(o['comm'] for o in rs), ([o['comm'] for o in rs], [o['comm'] for o in slow])
+    # TimeCost measures the link's rate in the training steps, and its advice quotes it, compression first,
+    # then the accumulation that meets the limit
     assert max(o['mbit'] for o in slow)<=1.1*100<min(o['mbit'] for o in rs), ([o['mbit'] for o in rs], [o['mbit'] for o in slow])
-    for o in slow: assert f"an effective {o['mbit']:,.0f} Mbit/s, a slow link (below 1,000 Mbit/s); compress: comm_hook='fp16'" in o['advice'] and '`Accumulate(' in o['advice'], o['advice']
+    for o in slow:
+        assert (f"an effective {o['mbit']:,.0f} Mbit/s, a slow link (below 1,000 Mbit/s); compress: comm_hook='fp16'" in o['advice']
+                and '`Accumulate(' in o['advice']), o['advice']
 
 def test_master_unreachable(hosts, marker):
     "Node rank 1 alone: the master never comes; it ends within the timeout, naming the address and port"
     d = tempfile.mkdtemp(); (Path(d)/'s.py').write_text('print("never")')
     t0 = time.time()
-    r = subprocess.run(['ip', 'netns', 'exec', hosts[1][0], sys.executable, '-m', 'fastddp.launch', '--nnodes', '2', '--node-rank', '1', '--nproc', '1',
-                        '--master-addr', hosts[0][2], '--master-port', '29999', str(Path(d)/'s.py'), marker],
+    r = subprocess.run(['ip', 'netns', 'exec', hosts[1][0], sys.executable, '-m', 'fastddp.launch', '--nnodes', '2', '--node-rank', '1',
+                        '--nproc', '1', '--master-addr', hosts[0][2], '--master-port', '29999', str(Path(d)/'s.py'), marker],
                        env={**os.environ, 'FASTDDP_TIMEOUT': '10'}, capture_output=True, text=True, timeout=120)
     assert r.returncode==1 and time.time()-t0<10+20, (r.returncode, time.time()-t0) # the bounded wait, plus starting Python and torch
     at = f"{hosts[0][2]}:29999"
     ls = [l for l in r.stderr.splitlines() if l.strip() and 'Warning' not in l and 'warnings.warn' not in l]
     assert f"waiting for the master at {at}, for up to 10 s (FASTDDP_TIMEOUT)" in ls[-2], ls # said up front
-    assert ls[-1].startswith(f"fastddp-launch: nothing answered at {at} within 10 s: start node rank 0 there first"), ls # one line at the end
+    # one line at the end
+    assert ls[-1].startswith(f"fastddp-launch: nothing answered at {at} within 10 s: start node rank 0 there first"), ls
     assert 'frame #' not in r.stderr and 'Traceback' not in r.stderr, r.stderr[-2000:] # no C++ or Python stack
     assert 'never' not in r.stdout
 
@@ -98,11 +107,13 @@ def test_link_down(hosts, marker):
     finally: subprocess.run(['ip', '-n', hosts[0][0], 'link', 'set', hosts[0][1], 'up'], check=True)
     assert time.time()-t0<2*15+20, time.time()-t0
     assert [p.returncode for p in ps]==[1, 1], '\n'.join(o[-2000:] for o in outs)
-    for o in outs: assert peer_lost([l for l in o.splitlines() if ') failed: ' in l][0]), o[-2000:] # the launcher's line names the lost peer
+    # the launcher's line names the lost peer
+    for o in outs: assert peer_lost([l for l in o.splitlines() if ') failed: ' in l][0]), o[-2000:]
     assert wait_gone(marker, 20)==[]
 
 def test_host_killed(hosts, marker):
-    "One host's launcher and its workers are killed mid-run (the machine is gone): the other ends within the timeout, naming the lost rank, and no process is left"
+    ("One host's launcher and its workers are killed mid-run (the machine is gone): the other ends within the timeout, "
+     "naming the lost rank, and no process is left")
     import psutil, signal
     ps = training(hosts, marker)
     # torch's agent starts each worker in its own session: the tree by parent PIDs, not the process group

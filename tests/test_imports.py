@@ -1,4 +1,5 @@
-"Importing fastddp leaves torch alone and neither rebinds nor adds a module-level name of fastai: it extends fastai only through its classes"
+("Importing fastddp leaves torch alone and neither rebinds nor adds a module-level "
+ "name of fastai: it extends fastai only through its classes")
 import sys, json, subprocess
 import pytest
 
@@ -32,7 +33,8 @@ print(json.dumps(dict(changed=changed, added=added)))
 
 @pytest.mark.smoke
 def test_no_rebinding():
-    "After importing every fastddp module, every torch module attribute, torch class attribute and fastai module attribute is the same object, and none was added"
+    ("After importing every fastddp module, every torch module attribute, torch class attribute "
+     "and fastai module attribute is the same object, and none was added")
     p = subprocess.run([sys.executable, '-c', SNAPSHOT], capture_output=True, text=True, timeout=600)
     assert p.returncode==0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
@@ -41,7 +43,8 @@ def test_no_rebinding():
 
 def test_catches_additions():
     "The snapshot sees a method added to a torch class and a name added to a fastai module (the test above can fail)"
-    code = SNAPSHOT.replace("import fastddp\n", "import fastddp\ntorch.nn.Linear.extra_thing = lambda self: 1\nfastai.learner.added_name = 1\n")
+    code = SNAPSHOT.replace("import fastddp\n",
+                            "import fastddp\ntorch.nn.Linear.extra_thing = lambda self: 1\nfastai.learner.added_name = 1\n")
     p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=600)
     assert p.returncode==0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])

@@ -69,7 +69,8 @@ def test_busy_port_given(tmp_path):
         port = s.getsockname()[1]
         p = subprocess.run([sys.executable, '-m', 'fastddp.launch', '--master-port', str(port), str(scr)], capture_output=True, text=True)
     assert p.returncode==2
-    assert p.stderr.strip().splitlines()==[f"fastddp-launch: --master-port {port}: port busy on 127.0.0.1 (an earlier run may still hold it); pick another or leave it out on a single node"]
+    assert p.stderr.strip().splitlines()==[f"fastddp-launch: --master-port {port}: port busy on 127.0.0.1 "
+                                           "(an earlier run may still hold it); pick another or leave it out on a single node"]
     assert not Path(str(scr)+'.ran').exists()
 
 @pytest.mark.parametrize('argv,msg', [
@@ -108,7 +109,8 @@ def test_help_and_entry_points():
 @pytest.mark.smoke
 def test_fastai_launch_is_ours_and_fastai_intact():
     "The compatibility module calls fastddp's launcher, lives in fastai's namespace, and leaves fastai's own modules alone"
-    code = "import fastai, fastai.launch, fastai.basics, fastddp.launch; print(fastai.launch.main is fastddp.launch.main, fastai.__version__)"
+    code = ("import fastai, fastai.launch, fastai.basics, fastddp.launch; "
+            "print(fastai.launch.main is fastddp.launch.main, fastai.__version__)")
     p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert p.returncode==0, p.stderr
     assert p.stdout.split()[0]=='True'
@@ -126,7 +128,8 @@ from fastai.distributed import *
 from fastddp.core import *; from fastddp.testing import report
 set_seed(rank()) # different data and init on every rank: DDP must make the weights agree
 x = torch.randn(16,3); dsets = list(zip(x, x.sum(1, keepdim=True)))
-learn = Learner(DataLoaders(DataLoader(dsets, bs=4, shuffle=True), DataLoader(dsets[:4], bs=4), device='cpu'), nn.Linear(3,1), loss_func=MSELossFlat())
+learn = Learner(DataLoaders(DataLoader(dsets, bs=4, shuffle=True), DataLoader(dsets[:4], bs=4), device='cpu'), nn.Linear(3,1),
+                loss_func=MSELossFlat())
 with learn.distrib_ctx(): learn.fit(1)
 report(w=learn.model.weight.detach().clone(), ws=world_size(), rank=rank())
 if sys.argv[2]=='hang':
@@ -138,7 +141,8 @@ if sys.argv[2]=='hang':
 def _two_nodes(marker, mode, port):
     res = []
     for nr in (0,1):
-        res.append(start(MN, ['--nnodes', '2', '--node-rank', str(nr), '--master-addr', '127.0.0.1', '--master-port', str(port), '--nproc', '2'], [marker, mode]))
+        res.append(start(MN, ['--nnodes', '2', '--node-rank', str(nr), '--master-addr', '127.0.0.1', '--master-port', str(port),
+                              '--nproc', '2'], [marker, mode]))
     return res
 
 def test_multi_node(marker):

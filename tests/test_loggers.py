@@ -1,4 +1,5 @@
-"fastai's loggers under DDP (nbs/02g_loggers.ipynb): TensorBoard and wandb (offline) read back with their own readers, CSVLogger, ShowGraphCallback, SaveModelCallback + EarlyStoppingCallback"
+("fastai's loggers under DDP (nbs/02g_loggers.ipynb): TensorBoard and wandb (offline) read back with their "
+ "own readers, CSVLogger, ShowGraphCallback, SaveModelCallback + EarlyStoppingCallback")
 import json, struct, pytest, torch
 from pathlib import Path
 from fastddp.testing import run_ranks

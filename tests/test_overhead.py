@@ -1,4 +1,5 @@
-"The lean default path of `distrib_ctx`: no host sync per training step, DataLoader workers shared by the ranks, and the same weights and recorded losses as a plain DDP loop over the same batches, bit for bit"
+("The lean default path of `distrib_ctx`: no host sync per training step, DataLoader workers shared by the ranks, and "
+ "the same weights and recorded losses as a plain DDP loop over the same batches, bit for bit")
 import pytest
 from fastddp.core import cpus
 from fastddp.testing import run_ranks
@@ -21,7 +22,8 @@ x,y = torch.randn(8*ws*steps, 16, generator=g),torch.randint(0, 4, (8*ws*steps,)
 def model(): torch.manual_seed(0); return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 kw = {} if nw=='default' else dict(num_workers=int(nw))
 dls = DataLoaders.from_dsets(TensorDataset(x, y), TensorDataset(x[:20], y[:20]), bs=8, device='cpu', **kw)
-from fastai.distributed import * # after the loaders: fastddp's patches load only now, as when a script calls distrib_ctx without importing it
+# after the loaders: fastddp's patches load only now, as when a script calls distrib_ctx without importing it
+from fastai.distributed import *
 
 # the calls that copy a tensor to the host (on a GPU: wait for it), counted between before_batch and the end of after_batch
 _syncs = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.__bool__, torch.Tensor.__float__,
@@ -91,7 +93,8 @@ def _check_exact(rs, steps, epochs):
         assert not o['dispatch'] # the learner dispatches through fastai's own `_call_one` again after the context
 
 def test_no_sync_two_ranks(tmp_path):
-    "2 ranks, 400 training steps under the default `distrib_ctx()`: no host sync outside the bar's redraws, workers at the per-rank share, exact results"
+    ("2 ranks, 400 training steps under the default `distrib_ctx()`: no host sync outside "
+     "the bar's redraws, workers at the per-rank share, exact results")
     rs = run_ranks(SCRIPT, n=2, args=['200', '2', 'default'])
     _check_exact(rs, 200, 2)
     n,_ = cpus()

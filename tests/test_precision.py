@@ -1,4 +1,5 @@
-"Mixed precision on the CPU: float32 with one line where the probe finds half precision slow, half where forced or fast, the probe cached, and the cost per step"
+("Mixed precision on the CPU: float32 with one line where the probe finds half precision "
+ "slow, half where forced or fast, the probe cached, and the cost per step")
 import os, json, time, pytest, torch
 from fastddp.testing import run_ranks
 from fastddp.probe import half_ratio, max_ratio, cpu_key
@@ -16,7 +17,8 @@ class Seen(Callback):
 x = torch.randn(32,2); ds = list(zip(x, x@torch.ones(2,1)))
 out = {}
 for d in ('float16', 'bfloat16'):
-    l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:8], bs=8), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat(), cbs=Seen())
+    l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:8], bs=8), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat(),
+                cbs=Seen())
     l = l.to_fp16() if d=='float16' else l.to_bf16()
     for _ in range(2): # two fits: the line comes once
         with l.distrib_ctx(): l.fit(1, 0.01)
@@ -43,7 +45,8 @@ def slow_cpu(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize('n', [1, 2])
 def test_slow_cpu_trains_float32(slow_cpu, n):
-    "Where the probe finds half precision slow, to_fp16() and to_bf16() compute in float32 with autocast off, on every rank, and rank 0 says so once per dtype"
+    ("Where the probe finds half precision slow, to_fp16() and to_bf16() compute in float32 "
+     "with autocast off, on every rank, and rank 0 says so once per dtype")
     rs = run_ranks(FIT, n=n, env=_env(slow_cpu))
     for r in rs:
         for d in ('float16', 'bfloat16'): assert r[d]=={'seen': [('float32', False)], 'used': 'float32'}, (d, r[d])
@@ -83,7 +86,8 @@ class StepTime(Callback):
 x = torch.randn(32*2, 3, 64, 64); ds = list(zip(x, torch.randint(0, 10, (len(x),))))
 def mk():
     torch.manual_seed(0)
-    return Learner(DataLoaders(DataLoader(ds, bs=32), DataLoader(ds[:8], bs=32), device='cpu'), resnet18(num_classes=10), loss_func=CrossEntropyLossFlat(), cbs=StepTime())
+    return Learner(DataLoaders(DataLoader(ds, bs=32), DataLoader(ds[:8], bs=32), device='cpu'), resnet18(num_classes=10),
+                   loss_func=CrossEntropyLossFlat(), cbs=StepTime())
 ls = dict(fp32=mk(), fp16=mk().to_fp16(), bf16=mk().to_bf16())
 for i in range(3): # paired: the runs alternate, so a busy machine slows each alike
     for k,l in ls.items():
@@ -92,7 +96,8 @@ report(**{k: l.step_time.ts[2:] for k,l in ls.items()}) # the first fit warms up
 '''
 
 def test_fp16_step_cost(slow_cpu):
-    "On a CPU where half precision is slow, a resnet18 step (64 px, batch 32, one thread) with to_fp16()/to_bf16() costs at most 1.5x float32's"
+    ("On a CPU where half precision is slow, a resnet18 step (64 px, batch 32, one "
+     "thread) with to_fp16()/to_bf16() costs at most 1.5x float32's")
     r = run_ranks(STEP, n=1, launcher='python', env=_env(slow_cpu))[0]
     med = {k: sorted(v)[len(v)//2] for k,v in r.items()}
     print({k: f"{v:.3f} s" for k,v in med.items()}, {k: f"{med[k]/med['fp32']:.2f}x" for k in ('fp16','bf16')})
@@ -107,7 +112,8 @@ runpy.run_path({p!r}, run_name='__main__')
 
 @pytest.mark.parametrize('force', [None, '1'])
 def test_script_fp16(slow_cpu, tmp_path, force):
-    "The scripts' --fp16 (bfloat16 on CPU) shows in metrics.json what it computed in: float32 where the probe finds it slow, bfloat16 when forced"
+    ("The scripts' --fp16 (bfloat16 on CPU) shows in metrics.json what it computed in: "
+     "float32 where the probe finds it slow, bfloat16 when forced")
     from conftest import ROOT
     p = str(ROOT/'scripts'/'tabular_ddp.py')
     env = _env(slow_cpu, FASTDDP_DATA=str(tmp_path/'data'), **({'FASTDDP_CPU_HALF': force} if force else {}))

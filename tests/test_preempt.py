@@ -1,11 +1,13 @@
-"Preemption: a signal to the launcher, to one rank, or from SLURM stops every rank at one step with a checkpoint there and exit code 75; the same command resumes to the uninterrupted weights, bit for bit"
+("Preemption: a signal to the launcher, to one rank, or from SLURM stops every rank at one step with a checkpoint "
+ "there and exit code 75; the same command resumes to the uninterrupted weights, bit for bit")
 import os, sys, time, signal, pytest, torch
 from pathlib import Path
 from fastddp.testing import run_ranks
 from fastddp.preempt import PREEMPTED
 from conftest import wait_gone
 
-# argv: folder, then key=value: at='train@E.I'|'valid@E'|'last', to='launcher'|'rank1'|'slurm', sig='SIGTERM'|'SIGUSR1', then flags: term2, shard, nock, and a marker
+# argv: folder, then key=value: at='train@E.I'|'valid@E'|'last', to='launcher'|'rank1'|'slurm', sig='SIGTERM'|'SIGUSR1',
+# then flags: term2, shard, nock, and a marker
 PRE = '''
 import sys, os, time, signal, subprocess, multiprocessing
 from fastai.basics import *
@@ -42,14 +44,18 @@ x = torch.randn(96,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
 torch.manual_seed(0)
 nw = 0 if 'shard' in flags else 2
 cbs = [Sig()]+([] if 'nock' in flags else [Ck(every=5)])
+# 12 steps an epoch on each of 2 ranks
 learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True, num_workers=nw), DataLoader(ds[:16], bs=4), device='cpu'),
-                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=cbs) # 12 steps an epoch on each of 2 ranks
+                nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1)), loss_func=MSELossFlat(), path=path, cbs=cbs)
 try:
     with learn.distrib_ctx(**(dict(shard=True, shard_min=10) if 'shard' in flags else {})): learn.fit_one_cycle(3, 0.01)
 except Preempted as e:
-    report(stop=dict(code=e.code, sig=e.sig, epoch=e.epoch, it=e.it, ckpt=e.ckpt and Path(e.ckpt).name, secs=e.secs, write=e.write, steps=e.steps), handlers=[signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)])
+    report(stop=dict(code=e.code, sig=e.sig, epoch=e.epoch, it=e.it, ckpt=e.ckpt and Path(e.ckpt).name, secs=e.secs, write=e.write,
+                     steps=e.steps),
+           handlers=[signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)])
     raise
-report(w=[p.detach().clone() for p in learn.model.parameters()], ckpts=[f.name for f in checkpoints(path/'checkpoints')] if (path/'checkpoints').exists() else [],
+report(w=[p.detach().clone() for p in learn.model.parameters()],
+       ckpts=[f.name for f in checkpoints(path/'checkpoints')] if (path/'checkpoints').exists() else [],
        handlers=[signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)])
 '''
 
@@ -74,15 +80,18 @@ def _stopped(rs, code=PREEMPTED):
     return st[0]
 
 def test_launcher_term(tmp_path, ref, marker):
-    "fastddp-launch, DataLoader workers on: SIGTERM to the launcher mid-epoch, and a second one during the write: checkpoint at that step, exit 75, nothing left; the same command again ends bit-equal"
+    ("fastddp-launch, DataLoader workers on: SIGTERM to the launcher mid-epoch, and a second one during the write: "
+     "checkpoint at that step, exit 75, nothing left; the same command again ends bit-equal")
     args = [tmp_path, 'at=train@1.3', 'to=launcher', 'sig=SIGTERM', 'term2', marker]
     rs = run_ranks(PRE, n=2, args=args, check=False)
     st = _stopped(rs)
     assert st['epoch']==1 and 3<st['it']<12 and st['ckpt']==f"ckpt_e0001_s{st['it']:06d}.pth" and st['sig']=='SIGTERM', st
-    assert st['secs']>=st['write']>=1, st # the write took the 1 s sleep after the second SIGTERM, and the line says how long from the signal
+    # the write took the 1 s sleep after the second SIGTERM, and the line says how long from the signal
+    assert st['secs']>=st['write']>=1, st
     assert 1<=st['steps']<=2, st # the step under way when the signal came, and the one the asynchronous answer lags (check=1): none is lost
     assert (tmp_path/'checkpoints'/st['ckpt']).is_file() and not list((tmp_path/'checkpoints').glob('*.tmp'))
-    assert f"fastddp: SIGTERM: every rank stopped at epoch 1, step {st['it']}; checkpoint" in rs.out and "exit code 75: the same command resumes" in rs.out, rs.out[-3000:]
+    assert (f"fastddp: SIGTERM: every rank stopped at epoch 1, step {st['it']}; checkpoint" in rs.out
+            and "exit code 75: the same command resumes" in rs.out), rs.out[-3000:]
     assert "every rank wrote the checkpoint and stopped: exit code 75" in rs.out and 'Traceback' not in rs.out, rs.out[-3000:]
     assert rs[0]['handlers']==[signal.SIG_DFL]*2 # restored (the launcher's worker runner leaves Python's defaults)
     assert not wait_gone(marker, 10); _gone(rs)
@@ -91,28 +100,34 @@ def test_launcher_term(tmp_path, ref, marker):
     for o in again: assert torch.equal(_flat(o['w']), ref)
 
 def test_torchrun_usr1_and_one_rank(tmp_path, ref, marker):
-    "torchrun --signals-to-handle: SIGUSR1 to the agent checkpoints mid-epoch; then SIGUSR1 to rank 1 alone, later in the resumed run; the third run ends bit-equal"
+    ("torchrun --signals-to-handle: SIGUSR1 to the agent checkpoints mid-epoch; then SIGUSR1 to "
+     "rank 1 alone, later in the resumed run; the third run ends bit-equal")
     largs = ['--signals-to-handle', 'SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1']
-    rs = run_ranks(PRE, n=2, launcher='torchrun', largs=largs, args=[tmp_path, 'at=train@1.3', 'to=launcher', 'sig=SIGUSR1', marker], check=False)
+    rs = run_ranks(PRE, n=2, launcher='torchrun', largs=largs, args=[tmp_path, 'at=train@1.3', 'to=launcher', 'sig=SIGUSR1', marker],
+                   check=False)
     st = _stopped(rs, rs.rc); assert rs.rc!=0
     assert st['code']==PREEMPTED and st['epoch']==1 and 3<st['it']<12 and st['sig']=='SIGUSR1', st
     assert not wait_gone(marker, 10); _gone(rs)
     (tmp_path/'first').mkdir() # not `first` any more: rank 1 signals itself on this run, which resumes
-    rs2 = run_ranks(PRE.replace("first = not (path/'checkpoints').exists()", "first = not (path/'first').exists() or o.get('to')=='rank1'"), n=2, launcher='torchrun', largs=largs,
+    rs2 = run_ranks(PRE.replace("first = not (path/'checkpoints').exists()", "first = not (path/'first').exists() or o.get('to')=='rank1'"),
+                    n=2, launcher='torchrun', largs=largs,
                     args=[tmp_path, 'at=train@2.1', 'to=rank1', 'sig=SIGUSR1', marker], check=False)
     st2 = _stopped(rs2, rs2.rc)
-    assert rs2.rc==1 and st2['code']==PREEMPTED and st2['epoch']==2 and st2['it']>1, (rs2.rc, st2) # torchrun itself exits 1 whatever the ranks' codes
+    # torchrun itself exits 1 whatever the ranks' codes
+    assert rs2.rc==1 and st2['code']==PREEMPTED and st2['epoch']==2 and st2['it']>1, (rs2.rc, st2)
     assert f"resuming from {tmp_path/'checkpoints'/st['ckpt']}" in rs2.out, rs2.out[-3000:]
     again = run_ranks(PRE, n=2, launcher='torchrun', largs=largs, args=[tmp_path, 'at=train@1.3', 'to=launcher', 'sig=SIGUSR1', marker])
     for o in again: assert torch.equal(_flat(o['w']), ref)
     assert not wait_gone(marker, 10)
 
 def test_validation_last_step_no_checkpoint(tmp_path, ref, marker):
-    "Without Checkpoint, SIGUSR1 during validation: every rank stops after the epoch, one line, exit 128+10. With it, SIGTERM in the very last step: the final checkpoint, exit 75; the same command again trains nothing and ends bit-equal"
+    ("Without Checkpoint, SIGUSR1 during validation: every rank stops after the epoch, one line, exit 128+10. With it, SIGTERM in the "
+     "very last step: the final checkpoint, exit 75; the same command again trains nothing and ends bit-equal")
     rs = run_ranks(PRE, n=2, args=[tmp_path/'a', 'at=valid@1', 'to=launcher', 'sig=SIGUSR1', 'nock', marker], check=False)
     st = _stopped(rs, 128+signal.SIGUSR1)
     assert (st['epoch'], st['it'], st['ckpt']) == (2, 0, None), st
-    assert rs.out.count("fastddp: SIGUSR1: every rank stopped at epoch 2, step 0; no checkpoint")==1 and 'Traceback' not in rs.out, rs.out[-3000:]
+    assert (rs.out.count("fastddp: SIGUSR1: every rank stopped at epoch 2, step 0; no checkpoint")==1
+            and 'Traceback' not in rs.out), rs.out[-3000:]
     assert "fastddp-launch: stopped by SIGUSR1" in rs.out, rs.out[-3000:]
     assert not wait_gone(marker, 10); _gone(rs)
     args = [tmp_path/'b', 'at=last', 'to=launcher', 'sig=SIGTERM', marker]
@@ -123,7 +138,8 @@ def test_validation_last_step_no_checkpoint(tmp_path, ref, marker):
     for o in again: assert torch.equal(_flat(o['w']), ref)
 
 def test_sharded(tmp_path, marker):
-    "Sharded (FSDP2): SIGUSR1 to the launcher mid-epoch: every rank writes its shards at one step, exit 75; the same command again ends bit-equal to an uninterrupted sharded run"
+    ("Sharded (FSDP2): SIGUSR1 to the launcher mid-epoch: every rank writes its shards at one step, "
+     "exit 75; the same command again ends bit-equal to an uninterrupted sharded run")
     ref = run_ranks(PRE, n=2, args=[tmp_path/'ref', 'shard'])
     args = [tmp_path/'run', 'at=train@1.3', 'to=launcher', 'sig=SIGUSR1', 'shard', marker]
     st = _stopped(run_ranks(PRE, n=2, args=args, check=False))

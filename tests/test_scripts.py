@@ -18,8 +18,10 @@ assert not any(type(o).__module__.startswith('fastddp') for o in l.cbs)
 if sys.argv[2]=='tabular':
     set_seed(42)
     path = Path(sys.argv[3])
-    dls = TabularDataLoaders.from_df(pd.read_csv(path/'adult.csv'), path=path, y_names='salary', bs=32, procs=[Categorify, FillMissing, Normalize],
-        cat_names=['workclass','education','marital-status','occupation','relationship','race'], cont_names=['age','fnlwgt','education-num'])
+    dls = TabularDataLoaders.from_df(pd.read_csv(path/'adult.csv'), path=path, y_names='salary', bs=32,
+                                     procs=[Categorify, FillMissing, Normalize],
+                                     cat_names=['workclass','education','marital-status','occupation','relationship','race'],
+                                     cont_names=['age','fnlwgt','education-num'])
     l.dls = dls
     print(json.dumps([float(o) for o in l.validate()]))
 else: print(json.dumps(None))
@@ -36,7 +38,8 @@ def test_script(name, tmp_path):
         assert m['wrapper']==(None if n==1 else 'DistributedDataParallel') # what the model trained in
         assert set(m['metrics'])==set(m['history'][-1])-{'train_loss','valid_loss'}
         assert rs.out.count(f"{name}: {n} process(es)")==1 # rank 0's summary, once
-        p = subprocess.run([sys.executable, '-c', EVAL, str(out/'export.pkl'), name, str(tmp_path/'data'/'adult_400'/'adult_sample')], capture_output=True, text=True, cwd=tmp_path)
+        p = subprocess.run([sys.executable, '-c', EVAL, str(out/'export.pkl'), name, str(tmp_path/'data'/'adult_400'/'adult_sample')],
+                           capture_output=True, text=True, cwd=tmp_path)
         assert p.returncode==0, p.stderr[-2000:]
         ev = json.loads(p.stdout.strip().splitlines()[-1])
         if ev is not None: # the run's own numbers = one process's evaluation of the exported model
@@ -62,7 +65,9 @@ def test_script_checkpoint(tmp_path):
 
 def test_script_flags(tmp_path):
     "--fp16 (bfloat16 on CPU), --scale-lr, --accum, --comm-hook and --time-cost reach the training, under 2 ranks"
-    rs = run_ranks(str(S/'tabular_ddp.py'), n=2, launcher='fastddp', args=['--synthetic', '400', '--fp16', '--scale-lr', 'sqrt', '--accum', '2', '--bs', '16', '--out', tmp_path/'o', '--time-cost', '--comm-hook', 'fp16'],
+    rs = run_ranks(str(S/'tabular_ddp.py'), n=2, launcher='fastddp',
+                   args=['--synthetic', '400', '--fp16', '--scale-lr', 'sqrt', '--accum', '2', '--bs', '16', '--out', tmp_path/'o',
+                         '--time-cost', '--comm-hook', 'fp16'],
                    env={'FASTDDP_DATA': str(tmp_path/'data')})
     assert "lr x2 (sqrt rule); global batch 16x2x2 = 64" in rs.out
     m = json.loads((tmp_path/'o'/'metrics.json').read_text())
@@ -79,7 +84,8 @@ def test_script_flags(tmp_path):
 
 def test_script_dp(tmp_path):
     "--dp trains under fastai's `parallel_ctx`: DataParallel, a pass-through on a CPU, says so"
-    rs = run_ranks(str(S/'tabular_ddp.py'), n=1, launcher='python', args=['--synthetic', '400', '--dp', '--out', tmp_path/'o'], env={'FASTDDP_DATA': str(tmp_path/'data')})
+    rs = run_ranks(str(S/'tabular_ddp.py'), n=1, launcher='python', args=['--synthetic', '400', '--dp', '--out', tmp_path/'o'],
+                   env={'FASTDDP_DATA': str(tmp_path/'data')})
     assert json.loads((tmp_path/'o'/'metrics.json').read_text())['wrapper']=='DataParallel'
     assert "DataParallel without a GPU is a pass-through" in rs.out
 
@@ -87,7 +93,8 @@ OFFLINE = {'https_proxy': 'http://127.0.0.1:9', 'HTTPS_PROXY': 'http://127.0.0.1
 
 def _run(script, args, env):
     import os
-    return subprocess.run([sys.executable, str(S/script), *map(str, args)], capture_output=True, text=True, env={**os.environ, **OFFLINE, **env})
+    return subprocess.run([sys.executable, str(S/script), *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **OFFLINE, **env})
 
 def test_pets_weights(tmp_path):
     "--weights NAME loads that cached torchvision file with no network; a missing one names every file that would do"
@@ -108,7 +115,8 @@ def test_pets_weights(tmp_path):
     assert p.returncode==2 and "--weights IMAGENET1K_V9: resnet18 has IMAGENET1K_V1, DEFAULT" in p.stderr.splitlines()[-1]
     p = _run('pets_ddp.py', ['--synthetic', '148', '--arch', 'mobilenet_v2', '--weights', 'IMAGENET1K_V1'], env)
     last = p.stderr.strip().splitlines()[-1]
-    assert p.returncode==2 and "mobilenet_v2-b0353104.pth (--weights IMAGENET1K_V1); mobilenet_v2-7ebf99e0.pth (--weights IMAGENET1K_V2 or DEFAULT)" in last, p.stderr[-2000:]
+    assert p.returncode==2 and ("mobilenet_v2-b0353104.pth (--weights IMAGENET1K_V1); "
+                                "mobilenet_v2-7ebf99e0.pth (--weights IMAGENET1K_V2 or DEFAULT)") in last, p.stderr[-2000:]
     assert str(ck) in last
 
 def test_imdb_no_weights(tmp_path):
@@ -116,19 +124,25 @@ def test_imdb_no_weights(tmp_path):
     args = ['--sample', '--synthetic', '100', '--bs', '8']
     env = {'FASTDDP_DATA': str(tmp_path/'data'), 'FASTAI_HOME': str(tmp_path/'fastai')}
     p = _run('imdb_ddp.py', args, env)
-    assert p.returncode==2 and "no pretrained WT103 weights (could not download them: URLError" in p.stderr.splitlines()[-1], p.stderr[-2000:]
+    assert (p.returncode==2
+            and "no pretrained WT103 weights (could not download them: URLError" in p.stderr.splitlines()[-1]), p.stderr[-2000:]
     (tmp_path/'file').write_text('a file where a folder should be')
     p = _run('imdb_ddp.py', args, {**env, 'FASTAI_HOME': str(tmp_path/'file'/'fastai')})
-    assert p.returncode==1 and "WT103" not in p.stderr and ("NotADirectoryError" in p.stderr or "FileExistsError" in p.stderr), p.stderr[-2000:]
+    assert (p.returncode==1 and "WT103" not in p.stderr
+            and ("NotADirectoryError" in p.stderr or "FileExistsError" in p.stderr)), p.stderr[-2000:]
 
 @pytest.mark.smoke
 def test_script_shard(tmp_path):
     "--shard: the pets script fine-tunes sharded (FSDP2) under 2 ranks, reports each rank's memory, and exports a plain learner"
     fn,args = CASES['pets']
-    rs = run_ranks(str(S/fn), n=2, launcher='fastddp', args=args+['--shard', '--time-cost', '--out', tmp_path/'o'], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
+    rs = run_ranks(str(S/fn), n=2, launcher='fastddp', args=args+['--shard', '--time-cost', '--out', tmp_path/'o'], timeout=600,
+                   env={'FASTDDP_DATA': str(tmp_path/'data')})
     m = json.loads((tmp_path/'o'/'metrics.json').read_text())
     assert m['wrapper']=='FSDP' and m['world_size']==2
     assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n' # matplotlib drew the report
-    assert "fastddp: sharded over 2 ranks" in rs.out and rs.out.count("memory per rank (MiB, live tensors): rank 0: parameters")==2 # a report per fit
-    p = subprocess.run([sys.executable, '-c', EVAL, str(tmp_path/'o'/'export.pkl'), 'pets', ''], capture_output=True, text=True, cwd=tmp_path)
+    # a report per fit
+    assert ("fastddp: sharded over 2 ranks" in rs.out
+            and rs.out.count("memory per rank (MiB, live tensors): rank 0: parameters")==2)
+    p = subprocess.run([sys.executable, '-c', EVAL, str(tmp_path/'o'/'export.pkl'), 'pets', ''], capture_output=True, text=True,
+                       cwd=tmp_path)
     assert p.returncode==0, p.stderr[-2000:]

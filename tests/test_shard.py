@@ -1,4 +1,5 @@
-"Sharded training (FSDP2): same weights and validation numbers as DDP, a fraction of the memory, fastai's optimizers, fine_tune, saving and export"
+("Sharded training (FSDP2): same weights and validation numbers as DDP, a fraction of "
+ "the memory, fastai's optimizers, fine_tune, saving and export")
 import pytest, torch
 from fastddp.testing import run_ranks
 
@@ -22,14 +23,17 @@ def tab(opt_func, bs=8):
     set_seed(1+rank()) # every rank builds other weights: both wrappers start from rank 0's
     # no bias before BatchNorm (as fastai's LinBnDrop): its gradient is rounding noise, which Adam scales up to full steps,
     # so at 3 ranks, where sums of 3 round differently in another order, it differed by 4% between any two reduction orders
-    m = nn.Sequential(nn.Linear(8,64,bias=False), nn.BatchNorm1d(64), nn.ReLU(), nn.Sequential(nn.Linear(64,64), nn.ReLU()), nn.Linear(64,1))
-    return Learner(DataLoaders(DataLoader(ds, bs=bs, shuffle=True), DataLoader(ds[:21], bs=bs), device='cpu'), m, loss_func=MSELossFlat(), opt_func=opt_func, lr=1e-2, metrics=mae, path=tmp)
+    m = nn.Sequential(nn.Linear(8,64,bias=False), nn.BatchNorm1d(64), nn.ReLU(), nn.Sequential(nn.Linear(64,64), nn.ReLU()),
+                      nn.Linear(64,1))
+    return Learner(DataLoaders(DataLoader(ds, bs=bs, shuffle=True), DataLoader(ds[:21], bs=bs), device='cpu'), m, loss_func=MSELossFlat(),
+                   opt_func=opt_func, lr=1e-2, metrics=mae, path=tmp)
 
 def cnn():
     set_seed(0)
     x = torch.randn(48,3,32,32); y = (x.mean((1,2,3))>0).long(); ds = list(zip(x, y))
     set_seed(1+rank())
-    return Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:13], bs=4), device='cpu'), create_vision_model(resnet18, 2, pretrained=False),
+    return Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:13], bs=4), device='cpu'),
+                   create_vision_model(resnet18, 2, pretrained=False),
                    loss_func=CrossEntropyLossFlat(), splitter=default_split, metrics=accuracy, lr=1e-3, path=tmp)
 
 class Mem(Callback):
@@ -42,7 +46,8 @@ def run(tag, mk, kw, go=lambda l: l.fit(2), cbs=()):
     with l.distrib_ctx(**kw):
         l.add_cbs([mem, *cbs]); go(l)
         l.remove_cbs([mem, *cbs])
-    report(**{tag: dict(w=[p.detach().clone() for p in l.model.parameters()], bufs=[b.clone() for b in l.model.buffers()], vals=l.recorder.values,
+    report(**{tag: dict(w=[p.detach().clone() for p in l.model.parameters()], bufs=[b.clone() for b in l.model.buffers()],
+                        vals=l.recorder.values,
                         mem=getattr(mem, 'st', None), cls=type(l.model).__name__, dev=str(next(l.model.parameters()).device))})
     return l
 
@@ -71,16 +76,19 @@ with l.distrib_ctx(shard=True, shard_min=1000):
     f = l.save('sharded')
     w = [p.full_tensor().clone() for p in l.model.parameters()]
     st = torch.load(f, weights_only=False) # an ordinary full checkpoint, written by rank 0
-    report(saved=all(torch.equal(st['model'][k], v) for k,v in zip(dict(l.model.named_parameters()), w)), opt_keys=sorted(st['opt']['state'][0]))
+    report(saved=all(torch.equal(st['model'][k], v) for k,v in zip(dict(l.model.named_parameters()), w)),
+           opt_keys=sorted(st['opt']['state'][0]))
     l.fit(2, cbs=SaveModelCallback(fname='best')) # saves the best epoch (every rank gathers), loads it back at the end
     report(best_saved=(tmp/'models'/'best.pth').exists())
     l.load('sharded')
     report(loaded=all(torch.equal(p.full_tensor(), v) for p,v in zip(l.model.parameters(), w)))
     l.lr_find(num_it=5, show_plot=False, suggest_funcs=()) # too few points to suggest from: only the restore matters here
     report(lr_find_restored=all(torch.equal(p.full_tensor(), v) for p,v in zip(l.model.parameters(), w)))
-    l.dls = Datasets(list(torch.randn(4,8)), tfms=[[noop],[noop]]).dataloaders(bs=2, device='cpu') # export keeps an empty copy: fastai datasets
+    # export keeps an empty copy: fastai datasets
+    l.dls = Datasets(list(torch.randn(4,8)), tfms=[[noop],[noop]]).dataloaders(bs=2, device='cpu')
     l.export('shard.pkl')
-    report(opt_on_shards=all(p is q for p,q in zip(l.opt.all_params().itemgot(0), l.model.parameters()))) # export keeps the optimizer on the shards
+    # export keeps the optimizer on the shards
+    report(opt_on_shards=all(p is q for p,q in zip(l.opt.all_params().itemgot(0), l.model.parameters())))
 x = torch.randn(5,8)
 l.model.eval()
 report(export_x=x, export_pred=l.model(x).detach(), plain=not is_sharded(l.model))
@@ -118,7 +126,8 @@ def test_shard_equals_ddp(shard_ranks):
                     ('sgd_shard','sgd_ddp'), ('ranger_shard','ranger_ddp'), ('acc_shard','acc_ddp'), ('ft_shard','ft_ddp')]:
             assert _rel(r[a]['w'], r[b]['w'])<=tol, (a, _rel(r[a]['w'], r[b]['w']))
             # BatchNorm statistics amplify the weights' rounding: at most twice what DDP's own reduction order does to them
-            assert _rel(r[a]['bufs'], r[b]['bufs'])<=max(tol, 2*_rel(r['ft_ddp1mb']['bufs'], r['ft_ddp']['bufs'])), (a, _rel(r[a]['bufs'], r[b]['bufs']))
+            assert (_rel(r[a]['bufs'], r[b]['bufs'])
+                    <=max(tol, 2*_rel(r['ft_ddp1mb']['bufs'], r['ft_ddp']['bufs']))), (a, _rel(r[a]['bufs'], r[b]['bufs']))
             for x,y in zip(r[a]['vals'], r[b]['vals']):
                 # the validation loss and metrics: [train loss, valid loss, metric] per epoch
                 assert x==y if ws==2 else all(abs(p-q)<=1e-5*max(1,abs(q)) for p,q in zip(x[1:],y[1:])), (a, x, y)
@@ -162,14 +171,16 @@ class Mem(Callback):
     def after_step(self): self.st = rank_memory(self.learn)
 for kw in ({}, dict(shard=True, shard_min=100_000), dict(shard=True, shard_min=100_000, shard_offload=True)):
     set_seed(0)
-    l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:8], bs=8), device='cuda'), nn.Sequential(nn.Linear(512,512), nn.ReLU(), nn.Linear(512,1)), loss_func=MSELossFlat()).to_fp16()
+    l = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:8], bs=8), device='cuda'),
+                nn.Sequential(nn.Linear(512,512), nn.ReLU(), nn.Linear(512,1)), loss_func=MSELossFlat()).to_fp16()
     with l.distrib_ctx(**kw): l.fit(1, 1e-3, cbs=(m:=Mem()))
     report(**{str(kw): dict(w=torch.cat([p.detach().float().flatten().cpu() for p in l.model.parameters()]), mem=m.st)})
 """
 
 @pytest.mark.cuda
 def test_shard_gpus():
-    "On 2 GPUs (nccl): sharded with FSDP2's mixed precision and with CPU offload trains near DDP, with half its memory; not run on CPU-only machines"
+    ("On 2 GPUs (nccl): sharded with FSDP2's mixed precision and with CPU offload trains "
+     "near DDP, with half its memory; not run on CPU-only machines")
     if torch.cuda.device_count()<2: pytest.skip("needs 2 GPUs")
     rs = run_ranks(GPU, n=2)
     d = rs[0]['{}']

@@ -1,4 +1,5 @@
-"Real SLURM clusters (munge, slurmctld, slurmd from Debian's packages, `make slurm`) in a temporary folder: one node on this host, and two nodes, one slurmd in each of the `hosts` network namespaces"
+("Real SLURM clusters (munge, slurmctld, slurmd from Debian's packages, `make slurm`) in a temporary folder: one "
+ "node on this host, and two nodes, one slurmd in each of the `hosts` network namespaces")
 import os, sys, re, time, shutil, socket, signal, subprocess, tempfile, pytest, torch
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,21 +41,26 @@ def _pid(fn):
 @contextmanager
 def slurm(nodes, # [(name, address)]; node 0 runs slurmctld too
           on=lambda i: []): # the command prefix that puts a process on node `i`
-    "The clients' environment of a running SLURM cluster and the prefix that runs a client on node 0; its daemons and folder are removed afterwards, whatever happens"
+    ("The clients' environment of a running SLURM cluster and the prefix that runs a client on "
+     "node 0; its daemons and folder are removed afterwards, whatever happens")
     if not shutil.which('slurmctld'): pytest.fail("SLURM is not installed: run `make slurm`")
     d = Path(tempfile.mkdtemp(prefix='fastddp-slurm-'))
     for o in ('state', *(f'spool-{n}' for n,_ in nodes)): (d/o).mkdir()
     (d/'hosts').write_text('127.0.0.1 localhost\n'+''.join(f'{a} {n}\n' for n,a in nodes))
-    (d/'slurm.conf').write_text(CONF.format(n0=nodes[0][0], a0=nodes[0][1], p1=free_port(), p2=free_port(), d=d, names=','.join(n for n,_ in nodes),
-                                            nodes='\n'.join(f'NodeName={n} NodeAddr={a} CPUs={os.cpu_count()} State=UNKNOWN' for n,a in nodes)))
+    (d/'slurm.conf').write_text(CONF.format(n0=nodes[0][0], a0=nodes[0][1], p1=free_port(), p2=free_port(), d=d,
+                                            names=','.join(n for n,_ in nodes),
+                                            nodes='\n'.join(f'NodeName={n} NodeAddr={a} CPUs={os.cpu_count()} State=UNKNOWN'
+                                                            for n,a in nodes)))
     env = {**os.environ, 'SLURM_CONF': str(d/'slurm.conf'), 'PATH': f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     on_ = lambda i: [o.format(d=d) for o in on(i)]
     try:
-        subprocess.run(['munged', '--force', f'--socket={d}/munge.sock', f'--pid-file={d}/munged.pid', f'--log-file={d}/munged.log', f'--seed-file={d}/munged.seed'], check=True, capture_output=True)
+        subprocess.run(['munged', '--force', f'--socket={d}/munge.sock', f'--pid-file={d}/munged.pid', f'--log-file={d}/munged.log',
+                        f'--seed-file={d}/munged.seed'], check=True, capture_output=True)
         subprocess.run(on_(0)+['slurmctld', '-i'], env=env, check=True, capture_output=True)
         for i,(n,_) in enumerate(nodes): subprocess.run(on_(i)+['slurmd', '-N', n], env=env, check=True, capture_output=True)
         for _ in range(60): # until every node is idle
-            if subprocess.run(on_(0)+['sinfo', '-h', '-N', '-o', '%t'], env=env, capture_output=True, text=True).stdout.split().count('idle')==len(nodes): break
+            if subprocess.run(on_(0)+['sinfo', '-h', '-N', '-o', '%t'], env=env, capture_output=True,
+                              text=True).stdout.split().count('idle')==len(nodes): break
             time.sleep(0.5)
         else: pytest.fail(f"the SLURM nodes did not come up: {(d/'slurmctld.log').read_text()[-2000:]}")
         yield env,on_(0)
@@ -75,7 +81,8 @@ def cluster():
     with slurm([(n, n)]) as (env,_): yield env
 
 def on_host(hs, names):
-    "The prefix that runs a command on host `i` of `hs` named `names[i]`: its network, its own host name, and a hosts file naming every node"
+    ("The prefix that runs a command on host `i` of `hs` named `names[i]`: its "
+     "network, its own host name, and a hosts file naming every node")
     # not `ip netns exec`: it mounts a fresh /sys, without the cgroup hierarchy slurmd needs
     return lambda i: ['nsenter', f'--net=/run/netns/{hs[i][0]}', 'unshare', '--uts', '--mount', 'sh', '-c',
                       f'hostname {names[i]} && mount --bind {{d}}/hosts /etc/hosts && exec "$0" "$@"']
@@ -98,7 +105,8 @@ x = torch.randn(64,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
 learn = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'), nn.Linear(3,1), loss_func=MSELossFlat())
 if os.environ.get('FAIL_RANK')==os.environ.get('RANK'): raise ValueError(f"rank {rank()} was told to fail")
 with learn.distrib_ctx(): learn.fit(1)
-report(w=learn.model.weight.detach().clone(), ws=int(os.environ['WORLD_SIZE']), slurm=os.environ.get('SLURM_PROCID'), host=socket.gethostname())
+report(w=learn.model.weight.detach().clone(), ws=int(os.environ['WORLD_SIZE']), slurm=os.environ.get('SLURM_PROCID'),
+       host=socket.gethostname())
 '''
 
 def _script(tmp_path):
@@ -117,9 +125,11 @@ def _sbatch(env, *args, pre=()):
         time.sleep(0.5)
     return state,code,out
 
-@pytest.mark.parametrize('recipe,opts', [('task_per_gpu', ['-N', '1', '--ntasks-per-node', '2', '--gpus-per-task', '0'])]) # the launcher's recipe: on two nodes, below
+# the launcher's recipe: on two nodes, below
+@pytest.mark.parametrize('recipe,opts', [('task_per_gpu', ['-N', '1', '--ntasks-per-node', '2', '--gpus-per-task', '0'])])
 def test_sbatch_recipes(cluster, tmp_path, recipe, opts):
-    "The shipped sbatch scripts on the one-node cluster (one launcher per node; one srun task per rank, no launcher): two ranks, the same weights, COMPLETED"
+    ("The shipped sbatch scripts on the one-node cluster (one launcher per node; one srun "
+     "task per rank, no launcher): two ranks, the same weights, COMPLETED")
     state,code,out = _sbatch({**cluster, 'FASTDDP_REPORT_DIR': str(tmp_path)}, *opts, f'--output={tmp_path}/job.out', '--chdir', str(ROOT),
                              str(ROOT/'scripts'/'slurm'/f'{recipe}.sbatch'), str(_script(tmp_path)))
     log = (tmp_path/'job.out').read_text()
@@ -132,18 +142,21 @@ def test_sbatch_recipes(cluster, tmp_path, recipe, opts):
 
 def test_failing_task(cluster, tmp_path, marker):
     "A rank that raises: the job ends FAILED, its output names the rank, and no process is left"
-    state,code,out = _sbatch({**cluster, 'FAIL_RANK': '1'}, '-n', '2', f'--output={tmp_path}/job.out', '--wrap', f'srun --kill-on-bad-exit=1 {sys.executable} {_script(tmp_path)} {marker}')
+    state,code,out = _sbatch({**cluster, 'FAIL_RANK': '1'}, '-n', '2', f'--output={tmp_path}/job.out', '--wrap',
+                             f'srun --kill-on-bad-exit=1 {sys.executable} {_script(tmp_path)} {marker}')
     log = (tmp_path/'job.out').read_text()
     assert state=='FAILED' and code!='0:0', (state, code, log[-3000:])
     assert 'ValueError: rank 1 was told to fail' in log, log[-3000:]
     assert wait_gone(marker, 20)==[]
 
-@pytest.mark.parametrize('recipe,opts,n', [('launcher_per_node', [], 2), ('task_per_gpu', ['--ntasks-per-node', '1', '--gpus-per-task', '0'], 1)])
+@pytest.mark.parametrize('recipe,opts,n', [('launcher_per_node', [], 2),
+                                           ('task_per_gpu', ['--ntasks-per-node', '1', '--gpus-per-task', '0'], 1)])
 def test_two_nodes(cluster2, tmp_path, recipe, opts, n):
-    "The shipped sbatch scripts on two nodes, each its own host (network, address, host name): `n` ranks per node, the same weights, COMPLETED"
+    ("The shipped sbatch scripts on two nodes, each its own host (network, address, "
+     "host name): `n` ranks per node, the same weights, COMPLETED")
     env,pre = cluster2
-    state,code,out = _sbatch({**env, 'FASTDDP_REPORT_DIR': str(tmp_path)}, '-N', '2', *opts, f'--output={tmp_path}/job.out', '--chdir', str(ROOT),
-                             str(ROOT/'scripts'/'slurm'/f'{recipe}.sbatch'), str(_script(tmp_path)), pre=pre)
+    state,code,out = _sbatch({**env, 'FASTDDP_REPORT_DIR': str(tmp_path)}, '-N', '2', *opts, f'--output={tmp_path}/job.out',
+                             '--chdir', str(ROOT), str(ROOT/'scripts'/'slurm'/f'{recipe}.sbatch'), str(_script(tmp_path)), pre=pre)
     log = (tmp_path/'job.out').read_text()
     assert (state,code)==('COMPLETED', '0:0'), log[-3000:]
     rs = read_reports(tmp_path, 2*n)
@@ -153,14 +166,16 @@ def test_two_nodes(cluster2, tmp_path, recipe, opts, n):
     if recipe=='task_per_gpu': assert "fastddp: srun step without a launcher: 2 ranks, 1 on this node, master fdnode1:" in log, log[-3000:]
 
 def test_requeue(cluster, tmp_path, marker):
-    "The requeue recipe, 2 srun tasks: SIGUSR1 from SLURM mid-epoch (scancel --signal, as --signal=USR1@T sends it) checkpoints every rank at one step, rank 0 requeues the job, which resumes and ends with the uninterrupted weights, bit for bit"
+    ("The requeue recipe, 2 srun tasks: SIGUSR1 from SLURM mid-epoch (scancel --signal, as --signal=USR1@T sends it) checkpoints every "
+     "rank at one step, rank 0 requeues the job, which resumes and ends with the uninterrupted weights, bit for bit")
     from test_preempt import PRE, _flat
     from fastddp.testing import run_ranks
     ref = _flat(run_ranks(PRE, n=2, args=[tmp_path/'ref'])[0]['w'])
     (tmp_path/'pre.py').write_text(PRE)
     env = {**cluster, 'FASTDDP_REPORT_DIR': str(tmp_path), 'OMP_NUM_THREADS': '1'}
     out = subprocess.run(['sbatch', '--parsable', '--ntasks-per-node', '2', f'--output={tmp_path}/job.out', '--chdir', str(tmp_path),
-                          str(ROOT/'scripts'/'slurm'/'requeue.sbatch'), str(tmp_path/'pre.py'), str(tmp_path/'run'), 'at=train@1.3', 'to=slurm', 'sig=SIGUSR1', marker],
+                          str(ROOT/'scripts'/'slurm'/'requeue.sbatch'), str(tmp_path/'pre.py'), str(tmp_path/'run'), 'at=train@1.3',
+                          'to=slurm', 'sig=SIGUSR1', marker],
                          env=env, capture_output=True, text=True, timeout=60)
     jid = out.stdout.strip().split(';')[0]; assert jid, out.stderr
     end,states = time.time()+300,[]
@@ -176,7 +191,8 @@ def test_requeue(cluster, tmp_path, marker):
     assert state=='COMPLETED' and re.search(r'Restarts=1\b', info), (states, info, log[-3000:])
     rs = read_reports(tmp_path, 2)
     st = [o['stop'] for o in rs]
-    assert st[0]['code']==75 and st[0]['sig']=='SIGUSR1' and (st[0]['epoch'],st[0]['it'])==(st[1]['epoch'],st[1]['it']) and st[0]['epoch']==1 and st[0]['it']>3, st
+    assert (st[0]['code']==75 and st[0]['sig']=='SIGUSR1' and (st[0]['epoch'],st[0]['it'])==(st[1]['epoch'],st[1]['it'])
+            and st[0]['epoch']==1 and st[0]['it']>3), st
     assert f"SLURM job {jid} requeued" in log and f"resuming from {tmp_path/'run'/'checkpoints'/st[0]['ckpt']}" in log, log[-3000:]
     assert "start 1 on" in log and "start 2 on" in log, log[-3000:]
     for o in rs: assert torch.equal(_flat(o['w']), ref), log[-3000:]

@@ -1,4 +1,5 @@
-"Streams under DDP: each rank and worker reads its own part, equal steps, exact validation, resume; WebDataset shards and Hugging Face streaming from local files"
+("Streams under DDP: each rank and worker reads its own part, equal steps, exact validation, "
+ "resume; WebDataset shards and Hugging Face streaming from local files")
 import os, pytest
 from fastddp.testing import run_ranks
 
@@ -64,7 +65,8 @@ class Mse(AccumMetric):
     def __init__(self): super().__init__(lambda p,y: ((p[:,1]-p[:,0])-(y%2).float()).pow(2).mean(), flatten=False)
 def learner(src, nw, kw, vsrc=None, **lk):
     torch.manual_seed(0)
-    dls = DataLoaders(DataLoader(src, bs=4, n=70, num_workers=nw, **kw), DataLoader(vsrc or src, bs=4, n=70, num_workers=nw, **kw), device='cpu')
+    dls = DataLoaders(DataLoader(src, bs=4, n=70, num_workers=nw, **kw), DataLoader(vsrc or src, bs=4, n=70, num_workers=nw, **kw),
+                      device='cpu')
     return Learner(dls, nn.Linear(3,2), loss_func=loss, metrics=[acc, Mse()], **lk)
 
 out = {}
@@ -128,22 +130,28 @@ def _check(rs, ws, full):
         one,ddp = rep[0]['one'],rep[0]['ddp']
         assert all(abs(a-b)<=1e-6 for a,b in zip(one['val'], ddp['val'])), f"{k}: validation {ddp['val']} vs one process {one['val']}"
         if k.startswith(('shards','rows')): # keys known: the stream's order
-            assert len(one['preds'])==70 and all(abs(a-b)<=1e-6 for p,q in zip(one['preds'], ddp['preds']) for a,b in zip(p,q)), f"{k}: get_preds order"
-        else: assert all(abs(a-b)<=1e-6 for p,q in zip(sorted(one['preds']), sorted(ddp['preds'])) for a,b in zip(p,q)) and len(ddp['preds'])==70, f"{k}: get_preds" # rank order
+            assert len(one['preds'])==70 and all(abs(a-b)<=1e-6 for p,q in zip(one['preds'], ddp['preds'])
+                                                 for a,b in zip(p,q)), f"{k}: get_preds order"
+        else: # rank order
+            assert all(abs(a-b)<=1e-6 for p,q in zip(sorted(one['preds']), sorted(ddp['preds']))
+                       for a,b in zip(p,q)) and len(ddp['preds'])==70, f"{k}: get_preds"
     assert 'pass n=' in rs[0]['nolen'], rs[0]['nolen']
 
 def test_stream_2_ranks(tmp_path):
     "2 ranks, workers 0 and 2, four sources, resume mid-epoch, TimeCost"
-    rs = run_ranks(STREAM, n=2, args=[tmp_path/'data', 'full'], env={'OMP_NUM_THREADS': '1', 'HF_DATASETS_OFFLINE': '1', 'HF_HUB_OFFLINE': '1'}, timeout=600)
+    rs = run_ranks(STREAM, n=2, args=[tmp_path/'data', 'full'], env={'OMP_NUM_THREADS': '1', 'HF_DATASETS_OFFLINE': '1',
+                                                                     'HF_HUB_OFFLINE': '1'}, timeout=600)
     _check(rs, 2, True)
     for r in rs: # the resumed run trains what the uninterrupted one trained from the checkpoint (step 3 of epoch 1) on, to the same weights
         rr = r['resume']
         assert rr['b'][0]==[] and 0<len(rr['b'][1])<len(rr['ref'][1]), rr # epoch 0 done before the kill, epoch 1 resumed mid-way
         assert rr['b'][1]==rr['ref'][1][-len(rr['b'][1]):], (rr['b'], rr['ref'])
-        assert all(abs(a-b)<=1e-6 for p,q in zip(rr['w'], rr['w_ref']) for a,b in zip(sum(p,[]) if isinstance(p[0], list) else p, sum(q,[]) if isinstance(q[0], list) else q))
+        assert all(abs(a-b)<=1e-6 for p,q in zip(rr['w'], rr['w_ref'])
+                   for a,b in zip(sum(p,[]) if isinstance(p[0], list) else p, sum(q,[]) if isinstance(q[0], list) else q))
     assert 0<rs[0]['tc']['data']<1
 
 def test_stream_3_ranks(tmp_path):
     "3 ranks, 2 workers each: 6 parts over 7 uneven shards"
-    rs = run_ranks(STREAM, n=3, args=[tmp_path/'data', 'short'], env={'OMP_NUM_THREADS': '1', 'HF_DATASETS_OFFLINE': '1', 'HF_HUB_OFFLINE': '1'}, timeout=600)
+    rs = run_ranks(STREAM, n=3, args=[tmp_path/'data', 'short'], env={'OMP_NUM_THREADS': '1', 'HF_DATASETS_OFFLINE': '1',
+                                                                      'HF_HUB_OFFLINE': '1'}, timeout=600)
     _check(rs, 3, False)

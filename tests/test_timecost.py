@@ -1,4 +1,5 @@
-"Time cost under real 3-rank DDP on CPU: known delays land in their phase on every rank, steps add up to the loop's wall time, the straggler and a data-bound loader are named, the plot is a PNG"
+("Time cost under real 3-rank DDP on CPU: known delays land in their phase on every rank, steps add up to the "
+ "loop's wall time, the straggler and a data-bound loader are named, the plot is a PNG")
 import struct
 from fastddp.testing import run_ranks
 
@@ -30,7 +31,8 @@ def mk(s=0., opt_func=SGD):
     torch.manual_seed(0)
     x = torch.randn(240, 64); ds = list(zip(x, x.sum(1, keepdim=True)))
     dls = DataLoaders(DataLoader(Slow(ds, s), bs=8, shuffle=True, num_workers=0), DataLoader(ds[:24], bs=8, num_workers=0), device='cpu')
-    return Learner(dls, nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)), loss_func=MSELossFlat(), lr=1e-3, opt_func=opt_func)
+    return Learner(dls, nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)),
+                   loss_func=MSELossFlat(), lr=1e-3, opt_func=opt_func)
 out = {}
 def run(nm, s=0., cbs=(), opt_func=SGD, **kw):
     l = mk(s, opt_func).add_time_cost(**kw)

@@ -13,7 +13,8 @@ x = torch.randn(64,8); y = x@torch.randn(8,1)
 ds = list(zip(x, y))
 def mk(bs=4, model=None, cbs=()):
     torch.manual_seed(1)
-    return Learner(DataLoaders(DataLoader(ds, bs=bs), DataLoader(ds[:8], bs=bs), device='cpu'), model or nn.Sequential(nn.Linear(8,16), nn.ReLU(), nn.Linear(16,1)),
+    return Learner(DataLoaders(DataLoader(ds, bs=bs), DataLoader(ds[:8], bs=bs), device='cpu'),
+                   model or nn.Sequential(nn.Linear(8,16), nn.ReLU(), nn.Linear(16,1)),
                    loss_func=MSELossFlat(), opt_func=SGD, lr=0.02, cbs=list(cbs))
 out = {}
 # Observe the collectives from outside, as fastddp did before its counting hook: wrap torch's functions in this test process only
@@ -39,7 +40,8 @@ def run(nm, l=None, fit=lambda l: l.fit(2), **kw):
     cap,obs,ag0 = Cap(),Obs(),n_ag[0]
     with l.distrib_ctx(comm_stats=True, **kw): l.add_cbs([cap, obs]); fit(l)
     cs = l.comm_stats
-    out[nm] = dict(w=[p.detach().clone() for p in l.model.parameters()], st=(cs.syncs, cs.calls, cs.bytes_per_sync), bytes=cs.bytes, cap=cap.v, ag=n_ag[0]-ag0,
+    out[nm] = dict(w=[p.detach().clone() for p in l.model.parameters()], st=(cs.syncs, cs.calls, cs.bytes_per_sync), bytes=cs.bytes,
+                   cap=cap.v, ag=n_ag[0]-ag0,
                    rl=[float(o) for o in l.recorder.losses], loss=[v[0] for v in l.recorder.values], lrs=list(l.recorder.lrs),
                    seen=(obs.syncs, obs.calls, obs.bytes), bwd=obs.bwd, shapes=[tuple(p.shape) for p in l.model.parameters()])
 run('plain')
@@ -72,7 +74,8 @@ def sent(shapes, hook=None, compress=False, rank=1, rate=2):
     n = sum(math.prod(s) for s in shapes)
     if hook=='fp16': return 2*n         # the bucket cast to float16
     if not compress: return 4*n         # the bucket as it is
-    tot = 0                             # PowerSGD: each gradient as a rows x cols matrix, P (rows x r) and Q (cols x r) when that saves `rate` times
+    # PowerSGD: each gradient as a rows x cols matrix, P (rows x r) and Q (cols x r) when that saves `rate` times
+    tot = 0
     for s in shapes:
         rows = s[0]; cols = math.prod(s)//rows; r = min(rows, cols, rank)
         tot += (rows+cols)*r if (rows+cols)*r*rate < rows*cols else rows*cols
@@ -85,15 +88,18 @@ def test_comm_counts():
         shapes = r['plain']['shapes']
         assert shapes==[(16,8),(16,),(1,16),(1,)] # the MLP the analytic counts below assume: one bucket on gloo
         # 64 items, 2 ranks, batch 4: 8 steps per epoch, 2 epochs, every backward synchronised
-        for k in ('plain','fp16','psgd','big'): assert r[k]['bwd']==16 and r[k]['st'][0]==16 and r[k]['seen'][0]==16, (k, r[k]['st'], r[k]['seen'])
+        for k in ('plain','fp16','psgd','big'):
+            assert r[k]['bwd']==16 and r[k]['st'][0]==16 and r[k]['seen'][0]==16, (k, r[k]['st'], r[k]['seen'])
         # Accumulate(2) at batch 2: 32 backward passes, half of them under no_sync
         assert r['acc']['bwd']==32 and r['acc']['st'][0]==16 and r['acc']['seen'][0]==16
         # bytes: analytic, and what all_reduce received
         assert r['plain']['bytes']==16*sent(shapes)==16*644 and r['plain']['st'][2]==644
         assert r['big']['bytes']==r['acc']['bytes']==16*sent(shapes)
         assert r['fp16']['bytes']==16*sent(shapes, 'fp16')==16*322
-        assert r['psgd']['bytes']==2*sent(shapes)+14*sent(shapes, compress=True)==2*644+14*228 # 2 plain steps (powersgd_start=2), then P, Q and the rest
-        for k in ('plain','acc','big','fp16','psgd'): assert (r[k]['st'][1], r[k]['bytes'])==r[k]['seen'][1:], (k, r[k]['st'], r[k]['bytes'], r[k]['seen'])
+        # 2 plain steps (powersgd_start=2), then P, Q and the rest
+        assert r['psgd']['bytes']==2*sent(shapes)+14*sent(shapes, compress=True)==2*644+14*228
+        for k in ('plain','acc','big','fp16','psgd'):
+            assert (r[k]['st'][1], r[k]['bytes'])==r[k]['seen'][1:], (k, r[k]['st'], r[k]['bytes'], r[k]['seen'])
         assert r['plain']['st'][1]==16 and r['psgd']['st'][1]==2+14*3 # one all-reduce per plain bucket; PowerSGD: uncompressed, Ps, Qs
     o = rs[0]
     for r in rs[1:]: assert all(_close(r[k]['w'], o[k]['w'], 1e-6) for k in ('plain','acc','fp16','psgd'))
@@ -124,7 +130,8 @@ from fastddp.comm import register_hook
 from fastddp.testing import report
 dist.init_process_group('nccl')
 torch.cuda.set_device(0)
-m = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8,16), torch.nn.ReLU(), torch.nn.Linear(16,1)).cuda(), device_ids=[0])
+m = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8,16), torch.nn.ReLU(), torch.nn.Linear(16,1)).cuda(),
+                                              device_ids=[0])
 tr = SimpleNamespace(learn=SimpleNamespace(model=m), comm_hook='bf16', powersgd_start=2)
 register_hook(tr)
 for _ in range(3): m(torch.randn(4, 8, device='cuda')).sum().backward()

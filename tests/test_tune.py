@@ -1,4 +1,5 @@
-"`distrib_ctx(tune=True)` under real DDP: exact (a tuned run ends with an untuned run's weights), picks the measured fastest, the ranks agree, decisions are reused"
+("`distrib_ctx(tune=True)` under real DDP: exact (a tuned run ends with an untuned run's "
+ "weights), picks the measured fastest, the ranks agree, decisions are reused")
 import json, math
 import pytest
 from fastddp.testing import run_ranks
@@ -26,11 +27,13 @@ class Peek(Callback): # what the tuner did in this fit
         t = getattr(self.learn, 'tune', None)
         self.res = None if t is None else dict(measured=t.measured, wraps=t.n_wraps)
 set_seed(0)
-df = pd.DataFrame({'a': np.random.randn(800), 'c': np.random.randn(800), 'b': np.random.choice(['u','v','w'], 800)}); df['y'] = ((df.a+df.c)>0).astype(int)
+df = pd.DataFrame({'a': np.random.randn(800), 'c': np.random.randn(800), 'b': np.random.choice(['u','v','w'], 800)})
+df['y'] = ((df.a+df.c)>0).astype(int)
 def tab(fit=lambda l: l.fit(2, 1e-2), cbs=(), **kw):
     "A tabular learner (embeddings, BatchNorm, dropout) trained inside distrib_ctx(**kw)"
     set_seed(0)
-    tdl = TabularDataLoaders.from_df(df, procs=[Categorify, Normalize], cat_names=['b'], cont_names=['a','c'], y_names='y', y_block=CategoryBlock(), bs=16, device='cpu', num_workers=0)
+    tdl = TabularDataLoaders.from_df(df, procs=[Categorify, Normalize], cat_names=['b'], cont_names=['a','c'], y_names='y',
+                                     y_block=CategoryBlock(), bs=16, device='cpu', num_workers=0)
     l = tabular_learner(tdl, layers=[32,16], config=tabular_config(ps=[0.1,0.1]), metrics=accuracy)
     pk = Peek()
     with l.distrib_ctx(**kw): l.add_cbs([pk, *cbs]); fit(l)
@@ -49,19 +52,22 @@ out['tab_stats_left'] = hasattr(lt, 'comm_stats') # the tuner's own counting is 
 x,y = torch.rand(160,3,32,32),torch.randint(0,2,(160,))
 def vis(**kw):
     set_seed(0)
-    ds = Datasets(list(range(160)), [[lambda i: TensorImage(x[i])], [lambda i: TensorCategory(y[i])]], splits=[list(range(128)), list(range(128,160))])
+    ds = Datasets(list(range(160)), [[lambda i: TensorImage(x[i])], [lambda i: TensorCategory(y[i])]],
+                  splits=[list(range(128)), list(range(128,160))])
     dls = ds.dataloaders(bs=4, after_batch=aug_transforms(size=32, min_scale=0.75), device='cpu', num_workers=0)
     l = vision_learner(dls, resnet18, n_out=2, pretrained=False, loss_func=CrossEntropyLossFlat(), metrics=accuracy)
     with l.distrib_ctx(**kw): l.fine_tune(1, 1e-3)
     return l
 vc = [dict(name='one bucket', bucket_cap_mb=1024), dict(name='5MiB+view', bucket_cap_mb=5, gradient_as_bucket_view=True),
-      dict(name='25MiB+static', bucket_cap_mb=25, static_graph=True), dict(name='5MiB+view+static', bucket_cap_mb=5, gradient_as_bucket_view=True, static_graph=True)]
+      dict(name='25MiB+static', bucket_cap_mb=25, static_graph=True),
+      dict(name='5MiB+view+static', bucket_cap_mb=5, gradient_as_bucket_view=True, static_graph=True)]
 vt,v0 = vis(tune=True, tune_candidates=vc),vis()
 out['vis_same'] = all(torch.equal(a,b) for a,b in zip(weights(vt), weights(v0)))
 out['vis_chosen'] = vt.ddp_tuning['chosen']
 # 3. never the candidate whose hook sleeps; the decision saved to tune_file, then applied from it measuring nothing
 def slow(state, bucket): time.sleep(0.05); return dh.allreduce_hook(state, bucket)
-sc = [dict(name='one bucket', bucket_cap_mb=1024), dict(name='slow', bucket_cap_mb=1024, comm_hook=slow), dict(name='5MiB', bucket_cap_mb=5)]
+sc = [dict(name='one bucket', bucket_cap_mb=1024), dict(name='slow', bucket_cap_mb=1024, comm_hook=slow),
+      dict(name='5MiB', bucket_cap_mb=5)]
 fn = tmp/'decision.json'
 ls = tab(fit=lambda l: l.fit(1, 1e-2), tune=True, tune_candidates=sc, tune_file=str(fn))
 out['slow_chosen'],out['slow_table'] = ls.ddp_tuning['chosen'],{r['name']:r['step_ms'] for r in ls.ddp_tuning['table']}
@@ -75,14 +81,16 @@ def skewed(self, *a, **k): # fault injection: rank 0 finds B fastest, rank 1 A; 
     for i,o in enumerate([[10.,0.,5.],[0.,10.,5.]][rank()]): self.times[i] = [t+o for t in self.times[i]]
     return _decide(self, *a, **k)
 Tune.decide = skewed
-la = tab(fit=lambda l: l.fit(1, 1e-2), tune=True, tune_candidates=[dict(name='A', bucket_cap_mb=1024), dict(name='B', bucket_cap_mb=25), dict(name='C', bucket_cap_mb=5)])
+la = tab(fit=lambda l: l.fit(1, 1e-2), tune=True,
+         tune_candidates=[dict(name='A', bucket_cap_mb=1024), dict(name='B', bucket_cap_mb=25), dict(name='C', bucket_cap_mb=5)])
 Tune.decide = _decide
 out['agree_chosen'],out['agree_mine'] = la.ddp_tuning['chosen'],la.ddp_tuning['mine']
 # 5. saved in checkpoints and applied on resume, measuring nothing; the time-cost report says what was chosen and which knob mattered
 ck = tmp/'ckpt'
 lc = tab(fit=lambda l: l.fit(1, 1e-2), cbs=[Checkpoint(ck), TimeCost(skip=1, show=False)], tune=True, tune_candidates=sc[::2])
 out['tc_report'] = lc.time_cost.report() if is_rank0() else None
-out['ckpt_tuning'] = torch.load(sorted(ck.glob('ckpt_*.pth'))[-1], weights_only=False).get('ddp_tuning', {}).get('chosen') if is_rank0() else None
+out['ckpt_tuning'] = (torch.load(sorted(ck.glob('ckpt_*.pth'))[-1], weights_only=False).get('ddp_tuning', {}).get('chosen')
+                      if is_rank0() else None)
 lr = tab(fit=lambda l: l.fit(1, 1e-2), cbs=[Checkpoint(ck)], tune=True, tune_candidates=sc[::2])
 out['resume_peek'] = lr.peek
 # 6. 'lossy' adds fp16, PowerSGD and accumulation, each marked with what it changes
@@ -105,7 +113,10 @@ report(**out)
 '''
 
 def test_tune_2ranks(tmp_path):
-    "At 2 ranks: tuned runs end bit-identical to untuned ones (tabular, a resnet with BatchNorm and random transforms through fine_tune, and under the run's own fp16 hook; PowerSGD's is left alone); a sleeping hook is never chosen; tune_file, checkpoints and earlier fits are reused without measuring; ranks agree when their measurements disagree; lossy candidates say what they change; shard skips"
+    ("At 2 ranks: tuned runs end bit-identical to untuned ones (tabular, a resnet with BatchNorm and random "
+     "transforms through fine_tune, and under the run's own fp16 hook; PowerSGD's is left alone); a sleeping hook is "
+     "never chosen; tune_file, checkpoints and earlier fits are reused without measuring; ranks agree when their "
+     "measurements disagree; lossy candidates say what they change; shard skips")
     rs = run_ranks(TUNE2, n=2, args=[tmp_path], timeout=600)
     r0,r1 = rs
     for r in rs:
@@ -114,7 +125,8 @@ def test_tune_2ranks(tmp_path):
     assert len(r0['tab_rows'])==12 and 'one bucket+view+static' in r0['tab_rows']
     assert r0['tab_chosen']==r1['tab_chosen'] and r0['vis_chosen']==r1['vis_chosen']
     # fine_tune: frozen, then unfrozen: two decisions, each printed once
-    assert rs.out.count('fastddp: DDP settings tuned on 2 ranks')==1+2+1+1+1+1+1, rs.out[-3000:] # tab, vis x2, slow, skewed, checkpointed, lossy, fp16
+    # tab, vis x2, slow, skewed, checkpointed, lossy, fp16
+    assert rs.out.count('fastddp: DDP settings tuned on 2 ranks')==1+2+1+1+1+1+1, rs.out[-3000:]
     # the sleeping hook is measured, and never chosen
     for r in rs:
         assert r['slow_chosen']!='slow' and r['slow_table']['slow']>max(v for k,v in r['slow_table'].items() if k!='slow'), r['slow_table']
@@ -147,7 +159,8 @@ report(w=weights(lt), w0=weights(l0), chosen=lt.ddp_tuning['chosen'])
 '''
 
 def test_tune_3ranks(tmp_path):
-    "At 3 ranks the bucket layout can change the order of the additions: a tuned run ends within 1e-6 relative of an untuned one; the ranks agree"
+    ("At 3 ranks the bucket layout can change the order of the additions: a tuned run "
+     "ends within 1e-6 relative of an untuned one; the ranks agree")
     rs = run_ranks(TUNE3, n=3, args=[tmp_path], timeout=600)
     assert len({r['chosen'] for r in rs})==1
     for r in rs:

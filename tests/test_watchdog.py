@@ -15,7 +15,8 @@ class DS(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if rank()==1 and i>=16: time.sleep(3600) # in rank 1's DataLoader worker, from its third batch on
         return torch.randn(3), torch.randn(1)
-learn = Learner(DataLoaders(DataLoader(DS(), bs=8, num_workers=1), DataLoader(DS(), bs=8), device='cpu'), nn.Linear(3,1), loss_func=MSELossFlat())
+learn = Learner(DataLoaders(DataLoader(DS(), bs=8, num_workers=1), DataLoader(DS(), bs=8), device='cpu'), nn.Linear(3,1),
+                loss_func=MSELossFlat())
 with learn.distrib_ctx(): learn.fit(1)
 report(done=True)
 '''
