@@ -1,4 +1,5 @@
-"What the numerics-changing opt-ins cost in final accuracy: an example script on 2 CPU ranks, each opt-in beside exact DDP, same seeds, interleaved"
+("What the numerics-changing opt-ins cost in final accuracy: an example script on 2 "
+ "CPU ranks, each opt-in beside exact DDP, same seeds, interleaved")
 import json, os, shlex, statistics, subprocess, sys, tempfile
 from pathlib import Path
 
@@ -14,7 +15,8 @@ OPTS = {'exact': [], 'fp16': ['--comm-hook', 'fp16'], 'powersgd': ['--comm-hook'
 def run(case, opt, seed, d):
     "The `metrics.json` of one 2-rank run of `case` with opt-in `opt`"
     out = Path(d)/f'{opt}{seed}'
-    cmd = [sys.executable, '-m', 'fastddp.launch', '--nproc', '2', str(ROOT/'scripts'/f'{case}_ddp.py'), *CASES[case], *OPTS[opt], '--seed', str(seed), '--out', str(out)]
+    cmd = [sys.executable, '-m', 'fastddp.launch', '--nproc', '2', str(ROOT/'scripts'/f'{case}_ddp.py'), *CASES[case], *OPTS[opt],
+           '--seed', str(seed), '--out', str(out)]
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, 'FASTDDP_DATA': str(Path(d)/'data'), 'OMP_NUM_THREADS': '1'})
     return json.loads((out/'metrics.json').read_text())
 
@@ -27,7 +29,8 @@ def main(case='tabular', seeds=5, opts=tuple(OPTS), save=None):
         res = {o:[] for o in opts}
         for s in range(seeds): # interleaved: every opt-in once per seed, so drifts in the machine's speed hit them all
             for o in opts: res[o].append(run(case, o, s, d))
-    title = f"{case}_ddp.py {' '.join(CASES[case])}, 2 gloo ranks, seeds 0-{seeds-1}: median (min to max); differences and ratios are paired by seed"
+    title = (f"{case}_ddp.py {' '.join(CASES[case])}, 2 gloo ranks, seeds 0-{seeds-1}: median (min to max); "
+             "differences and ratios are paired by seed")
     t = table(res)
     print(title+'\n'); print(t)
     if save:

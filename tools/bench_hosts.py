@@ -59,9 +59,11 @@ def main(rates:str='1gbit,100mbit', # link rates, as `tc` writes them
     res['bytes'] = {}
     loads = [] # the machine's 1-minute load average at each run: other work on a shared machine shows here
     def save_now(done):
-        t = table(res, rates, modes)+f"\n\nLoad average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f}) on {os.cpu_count()} CPUs."
+        t = table(res, rates, modes)+(f"\n\nLoad average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f} "
+                                      f"(median {statistics.median(loads):.1f}) on {os.cpu_count()} CPUs.")
         part = '' if done==reps else f" ({done} of {reps} repetitions done)"
-        if save: save_result(save, 'hosts', f"Across two hosts: {model}, {', '.join(modes)} over {', '.join(rates)} links vs one host{part}",
+        if save: save_result(save, 'hosts',
+                             f"Across two hosts: {model}, {', '.join(modes)} over {', '.join(rates)} links vs one host{part}",
                              'python tools/bench_hosts.py '+shlex.join(sys.argv[1:]), t, loads=loads,
                              samples_per_s={f'{k[0]}/{k[1]}':v for k,v in res.items() if k!='bytes'}, bytes_per_sync=res['bytes'])
         return t

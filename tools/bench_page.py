@@ -1,4 +1,5 @@
-"""Write the benchmarks page `nbs/benchmarks.ipynb`, and the front page's results table (in `nbs/index.ipynb`, then README), from the JSON results in `nbs/bench_results/`.
+"""Write the benchmarks page `nbs/benchmarks.ipynb`, and the front page's results table (in `nbs/index.ipynb`, then README), \
+from the JSON results in `nbs/bench_results/`.
 
 Every table on the page comes from a result file that a benchmark command wrote with `--save` (`python -m fastddp.bench`,
 `tools/bench_scripts.py`, `tools/bench_accuracy.py`), in file-name order, with its command, machine and date. Nothing on
@@ -15,22 +16,30 @@ D = 'nbs/bench_results'
 COMMANDS = [
     f"python -m fastddp.bench --modes single,dp,raw,ddp --world-sizes 1,2 --reps 5 --save {D}/01_resnet18.json",
     f"python tools/soak.py --n 100 --save {D}/10_soak_user.json",
-    f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' --save {D}/11_soak_scripts.json",
+    f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' "
+    f"--save {D}/11_soak_scripts.json",
     f"python tools/bench_hosts.py --rates 1gbit,100mbit --modes ddp,fp16,powersgd,acc4 --reps 5 --save {D}/12_hosts.json",
     f"python -m fastddp.bench --model tabular --modes ddp,nowatchdog --world-sizes 2 --reps 5 --no-time-cost --save {D}/13_watchdog.json",
-    f"python -m fastddp.bench --model tabular --steps 600 --modes ddp,tuned,t_one_bucket_view,t_one_bucket_static,t_one_bucket_view_static,t_25MiB,t_25MiB_view,t_25MiB_static,t_25MiB_view_static,t_5MiB,t_5MiB_view,t_5MiB_static,t_5MiB_view_static --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/14_tune.json",
+    f"python -m fastddp.bench --model tabular --steps 600 --modes ddp,tuned,t_one_bucket_view,t_one_bucket_static,t_one_bucket_view_static,"
+    "t_25MiB,t_25MiB_view,t_25MiB_static,t_25MiB_view_static,t_5MiB,t_5MiB_view,t_5MiB_static,t_5MiB_view_static "
+    f"--world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/14_tune.json",
     f"python -m fastddp.bench --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/15_shard.json",
-    f"python -m fastddp.bench --model awd_lstm --steps 6 --warmup 2 --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/16_shard_awd_lstm.json",
+    f"python -m fastddp.bench --model awd_lstm --steps 6 --warmup 2 --modes ddp,shard,shard_grads --world-sizes 2 --reps 5 --no-time-cost "
+    f"--png '' --save {D}/16_shard_awd_lstm.json",
     f"python tools/bench_shard_width.py --budget-mib 64 --save {D}/17_shard_width.json",
-    f"python -m fastddp.bench --model mlp --steps 1000 --warmup 50 --modes raw,fastai,single,ddp,nosync --world-sizes 1,2 --reps 5 --no-time-cost --no-hooks --png '' --save {D}/18_short_steps.json",
+    f"python -m fastddp.bench --model mlp --steps 1000 --warmup 50 --modes raw,fastai,single,ddp,nosync --world-sizes 1,2 --reps 5 "
+    f"--no-time-cost --no-hooks --png '' --save {D}/18_short_steps.json",
     f"python tools/bench_workers.py --reps 5 --counts 0,1,2 --save {D}/19_pets_workers.json",
     f"python tools/step_cost.py --steps 300 --warmup 50 --reps 3 --save {D}/21_step_cost.json",
     f"python tools/short_steps.py --blocks 12 --steps 200 --save {D}/22_short_steps_paired.json",
     f"python tools/bench_stream.py --items 8000 --reps 5 --width 1024 --save {D}/21_stream.json",
-    f"python -m fastddp.bench --model tabular --modes ddp,nopreempt,preempt8 --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/22_preempt.json",
+    f"python -m fastddp.bench --model tabular --modes ddp,nopreempt,preempt8 --world-sizes 2 --reps 5 --no-time-cost --png '' "
+    f"--save {D}/22_preempt.json",
     f"python tools/bench_preempt.py --reps 3 --save {D}/23_preempt_time.json",
-    f"python -m fastddp.bench --model resnet18 --size 32 --bs 32 --steps 6 --warmup 3 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/23_compile.json",
-    f"python -m fastddp.bench --model tabular --steps 100 --warmup 5 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost --png '' --save {D}/23b_compile_tabular.json",
+    f"python -m fastddp.bench --model resnet18 --size 32 --bs 32 --steps 6 --warmup 3 --modes ddp,compiled --world-sizes 2 --reps 5 "
+    f"--no-time-cost --png '' --save {D}/23_compile.json",
+    f"python -m fastddp.bench --model tabular --steps 100 --warmup 5 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost "
+    f"--png '' --save {D}/23b_compile_tabular.json",
 ]
 
 def load(d=RESULTS):
@@ -65,21 +74,25 @@ def page(rs):
            "README. The runs of `python -m fastddp.bench` are fresh sets of processes, interleaved and repeated; each ratio is the "
            "median of the paired ratios within a repetition, with their spread (see [bench](bench.ipynb)). The commands:\n\n"
            "```sh\n"+'\n'.join(COMMANDS)+"\npython tools/bench_page.py\n```")
-    body = [section(n, r) for n,r in rs] or ["**No results yet**: run the commands above on a quiet machine, then `python tools/bench_page.py`."]
+    body = [section(n, r) for n,r in rs] or [
+        "**No results yet**: run the commands above on a quiet machine, then `python tools/bench_page.py`."]
     cells = [_cell(i, s) for i,s in enumerate([head, how, *body])]
-    return dict(cells=cells, metadata={'jupytext': {'cell_metadata_filter': '-all', 'main_language': 'python', 'notebook_metadata_filter': '-all'}},
+    return dict(cells=cells,
+                metadata={'jupytext': {'cell_metadata_filter': '-all', 'main_language': 'python', 'notebook_metadata_filter': '-all'}},
                 nbformat=4, nbformat_minor=5)
 
 def summary(rs):
     "README's results table: the ratios of the first bench result, with its command, machine and date"
     b = [r for _,r in rs if r['kind']=='bench']
-    if not b: return "No benchmark results yet: see the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html) for the commands."
+    if not b:
+        return "No benchmark results yet: see the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html) for the commands."
     from fastddp.bench import ratios
     r = b[0]
     ls = ["| ratio | median | spread |", "|---|---|---|"]
     ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |" for k,(md,lo,hi,_) in ratios(r['samples_per_s']).items()]
     short = [o for n,o in rs if n.startswith('18_short_steps')] # short steps (the MLP): fastddp against the hand-written loop
-    if short: ls += [f"| short steps (mlp): {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |" for k,(md,lo,hi,_) in ratios(short[0]['samples_per_s']).items() if k.startswith('ddp@2 / raw@2')]
+    if short: ls += [f"| short steps (mlp): {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |"
+                     for k,(md,lo,hi,_) in ratios(short[0]['samples_per_s']).items() if k.startswith('ddp@2 / raw@2')]
     return (f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")
 
@@ -97,7 +110,8 @@ def _saved(c): return c.split('--save ')[-1].split()[0].split('/')[-1]
 def check(rs):
     "The page lists exactly what it shows: one command in `COMMANDS` per result file, and a file for each command"
     names,cmds = {n for n,_ in rs},{_saved(c) for c in COMMANDS}
-    if names!=cmds: raise SystemExit(f"bench_page: results without a command in COMMANDS: {sorted(names-cmds)}; commands without results: {sorted(cmds-names)}")
+    if names!=cmds: raise SystemExit(f"bench_page: results without a command in COMMANDS: {sorted(names-cmds)}; "
+                                     f"commands without results: {sorted(cmds-names)}")
 
 def main(results=RESULTS, out=PAGE, index=INDEX):
     rs = load(results)

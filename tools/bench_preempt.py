@@ -9,9 +9,11 @@ from pathlib import Path
 from fastcore.script import call_parse
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = {'resnet18': ['scripts/pets_ddp.py', '--synthetic', '600', '--arch', 'resnet18', '--no-pretrained', '--size', '64', '--bs', '32', '--epochs', '3'],
+SCRIPTS = {'resnet18': ['scripts/pets_ddp.py', '--synthetic', '600', '--arch', 'resnet18', '--no-pretrained', '--size', '64', '--bs', '32',
+                        '--epochs', '3'],
            'tabular': ['scripts/tabular_ddp.py', '--synthetic', '40000', '--epochs', '3']}
-LINE = re.compile(r"fastddp: (SIG\w+): every rank stopped at epoch (\d+), step (\d+); checkpoint (\S+) written in ([\d.]+) s, ([\d.]+) s and (\d+) step\(s\) after the signal")
+LINE = re.compile(r"fastddp: (SIG\w+): every rank stopped at epoch (\d+), step (\d+); checkpoint (\S+) written in ([\d.]+) s, "
+                  r"([\d.]+) s and (\d+) step\(s\) after the signal")
 
 def once(model, after):
     "One stopped run of `model`'s script: the figures of its line, and the launcher's exit code"
@@ -55,7 +57,8 @@ report(**res)
 '''
 
 def flag_cost(reps, n=2000):
-    "Microseconds per check with nothing between two checks (so every check waits for the whole round trip of the previous one): an upper bound of its cost per step"
+    ("Microseconds per check with nothing between two checks (so every check waits for the whole "
+     "round trip of the previous one): an upper bound of its cost per step")
     from fastddp.testing import run_ranks
     r = run_ranks(FLAG, n=2, args=[reps, n], env={'OMP_NUM_THREADS': '1'})[0]
     return [f-o for f,o in zip(r['flag'], r['none'])]
@@ -71,12 +74,20 @@ def main(models:str='resnet18,tabular', # comma-separated: resnet18, tabular
     us = flag_cost(max(reps, 5))
     for _ in range(reps):
         for m in ms: res.setdefault(m, []).append(once(m, after))
-    rows = ["| model | signal → checkpoint on disk (s), median [min-max] | write (s) | steps after the signal | checkpoint MiB | exit codes |", "|---|---|---|---|---|---|"]
+    rows = ["| model | signal → checkpoint on disk (s), median [min-max] | write (s) | steps after the signal | checkpoint MiB | "
+            "exit codes |",
+            "|---|---|---|---|---|---|"]
     for m,rs in res.items():
         f = lambda k: f"{statistics.median(o[k] for o in rs):.2f} [{min(o[k] for o in rs):.2f}-{max(o[k] for o in rs):.2f}]"
-        rows.append(f"| {m} | {f('signal_to_disk_s')} | {f('write_s')} | {', '.join(str(o['steps_after']) for o in rs)} | {rs[0]['ckpt_mib']:.1f} | {', '.join(str(o['rc']) for o in rs)} |")
-    table = '\n'.join(rows)+f"\n\nOne check of the stop flag (2 ranks, gloo, nothing between two checks: each waits for the previous all-reduce's whole round trip, an upper bound per step): median {statistics.median(us):.0f} µs [{min(us):.0f}-{max(us):.0f}] over {len(us)} interleaved repetitions of 2000."+f"\n\nLoad average before/after: {load0[0]:.1f} / {os.getloadavg()[0]:.1f} (a shared machine). torchrun's and Kubernetes' default grace periods are 30 s."
+        rows.append(f"| {m} | {f('signal_to_disk_s')} | {f('write_s')} | {', '.join(str(o['steps_after']) for o in rs)} | "
+                    f"{rs[0]['ckpt_mib']:.1f} | {', '.join(str(o['rc']) for o in rs)} |")
+    table = ('\n'.join(rows)+f"\n\nOne check of the stop flag (2 ranks, gloo, nothing between two checks: each waits for the previous "
+             f"all-reduce's whole round trip, an upper bound per step): median {statistics.median(us):.0f} µs "
+             f"[{min(us):.0f}-{max(us):.0f}] over {len(us)} interleaved repetitions of 2000."
+             +f"\n\nLoad average before/after: {load0[0]:.1f} / {os.getloadavg()[0]:.1f} (a shared machine). "
+             "torchrun's and Kubernetes' default grace periods are 30 s.")
     print(table)
     if save:
         from fastddp.bench import save_result
-        save_result(save, 'preempt', 'Preemption: from the signal to the checkpoint on disk (2 ranks), and the cost of a check', 'python tools/bench_preempt.py '+' '.join(sys.argv[1:]), table, runs=res, flag_us=us)
+        save_result(save, 'preempt', 'Preemption: from the signal to the checkpoint on disk (2 ranks), and the cost of a check',
+                    'python tools/bench_preempt.py '+' '.join(sys.argv[1:]), table, runs=res, flag_us=us)

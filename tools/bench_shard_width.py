@@ -42,7 +42,8 @@ def main(budget_mib:float=64, # per-rank budget for parameters + gradients + opt
     ls += ["", f"Widest within {budget_mib:g} MiB per rank: DDP {fits['ddp']}, sharded {fits['shard']}"
            + (f" ({res[fits['shard']]['params']/res[fits['ddp']]['params']:.2f}x the parameters)" if fits['ddp'] and fits['shard'] else '')]
     t = '\n'.join(ls)
-    title = f"the widest 4-layer MLP whose parameters, gradients and Adam state fit {budget_mib:g} MiB per rank at 2 gloo ranks, DDP vs sharded"
+    title = (f"the widest 4-layer MLP whose parameters, gradients and Adam state fit {budget_mib:g} MiB per rank at 2 gloo ranks, "
+             "DDP vs sharded")
     print(title); print(t)
     if save:
         from fastddp.bench import save_result

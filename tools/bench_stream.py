@@ -5,7 +5,8 @@ the streamed loader reads them with `wds.WebDataset(nodesplitter=wds.split_by_no
 each of `--reps` repetitions trains one epoch map-style and one epoch streamed, alternating which goes first (A B, B A, ...),
 in the same launch: global samples/s of each (the slowest rank's wall time of `fit`), their ratio (streamed / map-style),
 TimeCost's data-wait share of a step for each, and the end-of-epoch agreement's cost per step (`StreamDL.agree_s`: starting the
-all-reduce of the has-data flag and waiting for it), and the flag's all-reduce alone with the ranks in step (200 in a row). Median of the paired ratios with min-max spread; `uptime` recorded.
+all-reduce of the has-data flag and waiting for it), and the flag's all-reduce alone with the ranks in step (200 in a row). \
+Median of the paired ratios with min-max spread; `uptime` recorded.
 Usage: python tools/bench_stream.py [--items 20000] [--shards 16] [--bs 64] [--reps 5] [--workers 0] [--width 512] [--save FILE.json]"""
 import json, os, shlex, sys, tempfile, time
 import numpy as np
@@ -31,7 +32,8 @@ def write():
     per = -(-n//n_sh)
     for s in range(n_sh):
         with wds.TarWriter(str(path/f'shard-{s:03d}.tar')) as w:
-            for i in range(s*per, min(n, (s+1)*per)): w.write({'__key__': f'{i:07d}', 'x.bin': x[i].numpy().tobytes(), 'cls.txt': str(int(y[i]))})
+            for i in range(s*per, min(n, (s+1)*per)):
+                w.write({'__key__': f'{i:07d}', 'x.bin': x[i].numpy().tobytes(), 'cls.txt': str(int(y[i]))})
 rank0_first(write)
 files = sorted(map(str, path.glob('shard-*.tar')))
 def item(d): return torch.from_numpy(np.frombuffer(d['x.bin'], dtype=np.float32).copy()), tensor(int(d['cls.txt']))
@@ -40,7 +42,8 @@ def dls(kind):
     else: tr = DataLoader(wds.WebDataset(files, shardshuffle=False, nodesplitter=wds.split_by_node).map(item), bs=bs, n=n, num_workers=nw)
     return DataLoaders(tr, DataLoader(list(zip(x[:bs], y[:bs])), bs=bs), device='cpu')
 def fit(kind):
-    learn = Learner(dls(kind), nn.Sequential(nn.Linear(64,width), nn.ReLU(), nn.Linear(width,width), nn.ReLU(), nn.Linear(width,10)), loss_func=CrossEntropyLossFlat())
+    learn = Learner(dls(kind), nn.Sequential(nn.Linear(64,width), nn.ReLU(), nn.Linear(width,width), nn.ReLU(), nn.Linear(width,10)),
+                    loss_func=CrossEntropyLossFlat())
     class Keep(Callback):
         def after_train(self): self.dl = self.learn.dl # the rank's training loader (StreamDL for the stream)
     with learn.distrib_ctx():
@@ -49,7 +52,8 @@ def fit(kind):
         secs = time.perf_counter()-t0
         dl = k.dl
     st = tc.stats() if rank()==0 else None
-    return dict(secs=secs, steps=getattr(dl, 'n_steps', None), agree_ms=1e3*dl.agree_s/max(dl.n_steps,1) if isinstance(dl, StreamDL) else None,
+    return dict(secs=secs, steps=getattr(dl, 'n_steps', None),
+                agree_ms=1e3*dl.agree_s/max(dl.n_steps,1) if isinstance(dl, StreamDL) else None,
                 data=st['share']['data'] if st else None, items=n)
 fit('map'); fit('stream') # warm up: imports, first worker start, page cache
 res = []
@@ -87,15 +91,19 @@ def main(items:int=20000, # items of the epoch
     table = ("| | map-style | streamed (WebDataset) |\n|---|---|---|\n"
              f"| samples/s, 2 ranks | {fmt(out['sps_map'], '{:.0f}')} | {fmt(out['sps_stream'], '{:.0f}')} |\n"
              f"| data wait, share of a step (TimeCost, rank 0) | {fmt(out['data_map'], '{:.1%}')} | {fmt(out['data_stream'], '{:.1%}')} |\n"
-             f"| end-of-epoch agreement: a rank's wait for the flag, ms per step (waiting for slower ranks included) | | {fmt(out['agree_ms'], '{:.3f}')} |\n"
+             f"| end-of-epoch agreement: a rank's wait for the flag, ms per step (waiting for slower ranks included) | | "
+             f"{fmt(out['agree_ms'], '{:.3f}')} |\n"
              f"| the flag's all-reduce alone, ranks in step (gloo), ms | | {out['flag_ms']:.3f} |\n\n"
-             f"Streamed / map-style samples/s: **{fmt(out['ratio'])}** (median of {reps} paired ratios, min-max); {out['steps']} steps per rank an epoch; "
-             f"{items} items in {shards} shards, batch {bs} per rank, {workers} DataLoader workers per rank, MLP 64-{width}-{width}-10, gloo, 1 thread a rank. "
+             f"Streamed / map-style samples/s: **{fmt(out['ratio'])}** (median of {reps} paired ratios, min-max); "
+             f"{out['steps']} steps per rank an epoch; "
+             f"{items} items in {shards} shards, batch {bs} per rank, {workers} DataLoader workers per rank, "
+             f"MLP 64-{width}-{width}-10, gloo, 1 thread a rank. "
              f"Load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (the machine is shared with other jobs).\n")
     print(table)
     if save:
         from fastddp.bench import machine
-        res = dict(kind='stream', title='Streams: WebDataset shards against map-style, 2 ranks', command=shlex.join(['python', 'tools/bench_stream.py', *sys.argv[1:]]),
+        res = dict(kind='stream', title='Streams: WebDataset shards against map-style, 2 ranks',
+                   command=shlex.join(['python', 'tools/bench_stream.py', *sys.argv[1:]]),
                    machine=machine(), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), table=table, raw=out, reps=reps_)
         from pathlib import Path
         Path(save).write_text(json.dumps(res, indent=1))

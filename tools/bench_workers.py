@@ -11,7 +11,8 @@ ARGS = ['--synthetic', '296', '--size', '64', '--bs', '16', '--arch', 'resnet18'
 def run(w, d, n=2):
     "`sec_per_epoch` of one 2-rank run of the pets script with `--workers w` (-1: left at fastai's default)"
     out = Path(d)/f'w{w}'
-    cmd = [sys.executable, '-m', 'fastddp.launch', '--nproc', str(n), str(ROOT/'scripts'/'pets_ddp.py'), *ARGS, '--workers', str(w), '--out', str(out)]
+    cmd = [sys.executable, '-m', 'fastddp.launch', '--nproc', str(n), str(ROOT/'scripts'/'pets_ddp.py'), *ARGS, '--workers', str(w),
+           '--out', str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'FASTDDP_DATA': str(Path(d)/'data'), 'OMP_NUM_THREADS': '1'})
     if p.returncode: raise RuntimeError(f"{shlex.join(cmd)} exited with {p.returncode}:\n{(p.stdout+p.stderr)[-3000:]}")
     return json.loads((out/'metrics.json').read_text())['sec_per_epoch']
@@ -28,7 +29,8 @@ def table(res):
     ls = ["| workers per rank | s/epoch (median) | runs | rule's speed / this one's (median of pairs) | spread |", "|---|---|---|---|---|"]
     for w,v in res.items():
         rs = [a/b for a,b in zip(v, base)]
-        ls.append(f"| {name(w)} | {statistics.median(v):.2f} | {', '.join(f'{o:.2f}' for o in v)} | {statistics.median(rs):.2f} | {min(rs):.2f}-{max(rs):.2f} |")
+        ls.append(f"| {name(w)} | {statistics.median(v):.2f} | {', '.join(f'{o:.2f}' for o in v)} | {statistics.median(rs):.2f} | "
+                  f"{min(rs):.2f}-{max(rs):.2f} |")
     return '\n'.join(ls)
 
 def main():
@@ -44,14 +46,16 @@ def main():
             for w in ws: res[w].append(run(w, d))
             print(f"rep {i+1}: "+', '.join(f"{w}: {v[-1]:.2f}" for w,v in res.items()), flush=True)
     load1 = os.getloadavg()
-    title = (f"pets script (resnet18, 64 px, 296 generated images, batch 16 per rank, fine_tune 1 epoch) on 2 CPU ranks: DataLoader workers per rank, "
-             f"{a.reps} interleaved repetitions, 1 thread per process; load average {load0[0]:.1f} before, {load1[0]:.1f} after (a shared machine)")
+    title = (f"pets script (resnet18, 64 px, 296 generated images, batch 16 per rank, fine_tune 1 epoch) on 2 CPU ranks: "
+             f"DataLoader workers per rank, {a.reps} interleaved repetitions, 1 thread per process; "
+             f"load average {load0[0]:.1f} before, {load1[0]:.1f} after (a shared machine)")
     t = table(res)
     print(title); print(t)
     if a.save:
         sys.path.insert(0, str(ROOT))
         from fastddp.bench import save_result
-        save_result(a.save, 'workers', title, 'python tools/bench_workers.py '+shlex.join(sys.argv[1:]), t, sec_per_epoch={str(k):v for k,v in res.items()}, load=[load0, load1])
+        save_result(a.save, 'workers', title, 'python tools/bench_workers.py '+shlex.join(sys.argv[1:]), t,
+                    sec_per_epoch={str(k):v for k,v in res.items()}, load=[load0, load1])
         print(f"saved: {a.save}")
 
 if __name__=='__main__': main()

@@ -63,7 +63,8 @@ def clean_nb(nb):
             outs = [] if d.get('output')=='false' else c.outputs
             for o in outs:
                 if 'text/markdown' in o.get('data', {}): o.data['text/markdown'] = _md(o.data['text/markdown'])
-            c = nbformat.v4.new_code_cell(src, outputs=outs, metadata={'transient': {'remove_source': True}} if d.get('echo')=='false' else {})
+            c = nbformat.v4.new_code_cell(src, outputs=outs,
+                                          metadata={'transient': {'remove_source': True}} if d.get('echo')=='false' else {})
         elif c.cell_type=='markdown':
             if not c.source.strip() or c.source.strip().startswith('<!-- WARNING'): continue
             c = nbformat.v4.new_markdown_cell(_md(c.source))
@@ -157,9 +158,11 @@ a { color: var(--accent); text-decoration: none; } a:hover { text-decoration: un
 .navbar .brand { color:#fff; font-weight:600; font-size:1.2rem; }
 .navbar .tagline { opacity:.85; font-size:.9rem; white-space:nowrap; overflow:hidden; text-overflow:ellipsis; }
 .layout { display:flex; align-items:flex-start; max-width: 1500px; margin: 0 auto; }
-.sidebar { flex: 0 0 250px; position: sticky; top: 0; max-height: 100vh; overflow-y: auto; padding: 1rem; border-right: 1px solid var(--line); font-size: .92rem; }
+.sidebar { flex: 0 0 250px; position: sticky; top: 0; max-height: 100vh; overflow-y: auto; padding: 1rem; \
+border-right: 1px solid var(--line); font-size: .92rem; }
 .sidebar ul { list-style: none; margin: 0; padding-left: 0; } .sidebar ul ul { padding-left: .8rem; }
-.sidebar li { margin: .15rem 0; } .sidebar li.section > span { display:block; margin-top:.8rem; font-weight:600; color:var(--muted); text-transform:uppercase; font-size:.78rem; letter-spacing:.04em; }
+.sidebar li { margin: .15rem 0; } .sidebar li.section > span { display:block; margin-top:.8rem; font-weight:600; color:var(--muted); \
+text-transform:uppercase; font-size:.78rem; letter-spacing:.04em; }
 .sidebar a { color: var(--fg); } .sidebar a.active { color: var(--accent); font-weight: 600; }
 .content { flex: 1 1 auto; min-width: 0; padding: 1rem 2rem 3rem; }
 .toc { flex: 0 0 210px; position: sticky; top: 0; padding: 1rem; font-size: .85rem; }
@@ -167,8 +170,10 @@ a { color: var(--accent); text-decoration: none; } a:hover { text-decoration: un
 .page-title .title { margin-bottom: .3rem; } .page-title .description { color: var(--muted); font-size: 1.1rem; margin-top: 0; }
 h2 { border-bottom: 1px solid var(--line); padding-bottom: .2rem; margin-top: 2rem; }
 h1 code, h2 code, h3 code { background: none; padding: 0; font-size: .95em; }
-.anchor-link { visibility: hidden; margin-left: .3rem; } h1:hover .anchor-link, h2:hover .anchor-link, h3:hover .anchor-link { visibility: visible; }
-table { border-collapse: collapse; margin: 1rem 0; font-size: .92rem; } th, td { border: 1px solid var(--line); padding: .3rem .6rem; text-align: left; vertical-align: top; }
+.anchor-link { visibility: hidden; margin-left: .3rem; } \
+h1:hover .anchor-link, h2:hover .anchor-link, h3:hover .anchor-link { visibility: visible; }
+table { border-collapse: collapse; margin: 1rem 0; font-size: .92rem; } \
+th, td { border: 1px solid var(--line); padding: .3rem .6rem; text-align: left; vertical-align: top; }
 th { background: var(--code); }
 code { background: var(--code); padding: .05rem .25rem; border-radius: 3px; font-size: .9em; }
 pre { background: var(--code); padding: .7rem .9rem; border-radius: 4px; overflow-x: auto; font-size: .86rem; line-height: 1.4; }
@@ -181,7 +186,8 @@ pre code { background: none; padding: 0; }
 hr { border: 0; border-top: 1px solid var(--line); margin: 1.5rem 0 .5rem; }
 blockquote { margin: 0; padding: 0 1rem; border-left: 3px solid var(--line); color: var(--muted); }
 .footer { border-top: 1px solid var(--line); color: var(--muted); font-size: .8rem; padding: .8rem 1.2rem; text-align: center; }
-@media (max-width: 900px) { .layout { display: block; } .sidebar { position: static; max-height: none; border-right: 0; border-bottom: 1px solid var(--line); } .toc { display:none; } }
+@media (max-width: 900px) { .layout { display: block; } \
+.sidebar { position: static; max-height: none; border-right: 0; border-bottom: 1px solid var(--line); } .toc { display:none; } }
 """
 
 def _inline(s):
@@ -208,7 +214,8 @@ def _offline_docs(n_workers=None):
     listed = set(srcs)
     for f in sorted(proc.rglob('*.ipynb')):
         p = f.relative_to(proc).as_posix()
-        if p not in listed: print(f"docs: {p} is not in nbs/sidebar.yml: built, but only the index reaches it", file=sys.stderr); srcs.append(p)
+        if p not in listed:
+            print(f"docs: {p} is not in nbs/sidebar.yml: built, but only the index reaches it", file=sys.stderr); srcs.append(p)
     site = yaml.safe_load((nbs/'nbdev.yml').read_text()).get('website', {})
     doc_url = (cfg.get('doc_host', '')+cfg.get('doc_baseurl', '')).rstrip('/')+'/' if cfg.get('doc_host') else None
     exp = HTMLExporter(template_name='basic', exclude_input_prompt=True, exclude_output_prompt=True)
@@ -234,7 +241,8 @@ def _offline_docs(n_workers=None):
             nav=nav_html(items, titles, page), toc=toc_html(body), body=body))
     for f in nbs.rglob('*'): # images and other files the notebooks refer to
         rel = f.relative_to(nbs)
-        if f.is_file() and f.suffix.lower() in ('.png','.jpg','.jpeg','.gif','.svg') and not any(o.startswith(('_','.')) for o in rel.parts):
+        if (f.is_file() and f.suffix.lower() in ('.png','.jpg','.jpeg','.gif','.svg')
+            and not any(o.startswith(('_','.')) for o in rel.parts)):
             (out/rel).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(f, out/rel)
     print(f"docs: {len(nbs_)} pages in {out} (offline build: nbdev + nbconvert)")
     return out

@@ -32,7 +32,8 @@ def readme(nb=INDEX):
 def main(args=()):
     s = readme()
     if '--check' in args:
-        if README.read_text()!=s: sys.exit("README.md does not match nbs/index.ipynb: run `python tools/readme.py` (edit the notebook, not the README)")
+        if README.read_text()!=s:
+            sys.exit("README.md does not match nbs/index.ipynb: run `python tools/readme.py` (edit the notebook, not the README)")
         return
     README.write_text(s)
     print(f"{README}: written from {INDEX}")

@@ -26,7 +26,10 @@ from fastddp.testing import report
 bs = 64
 g = torch.Generator().manual_seed(0)
 x,y = torch.randn(bs*(steps+warmup), 64, generator=g),torch.randint(0, 10, (bs*(steps+warmup),), generator=g)
-def model(): torch.manual_seed(0); return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10))
 ds = TensorDataset(x, y)
 m = model()
 ddp = torch.nn.parallel.DistributedDataParallel(m) if ws>1 else m # DDP's defaults: 25 MiB buckets (a 1 MiB first one), no hook
@@ -48,7 +51,8 @@ class Timer(Callback):
         if self.i==warmup: self.t0 = time.perf_counter()
         if self.i==warmup+steps: self.t1 = time.perf_counter()
 tm = Timer()
-# 2 ranks: `num_workers` left at fastai's default (distrib_ctx gives each rank its share); 1 process: none, like the loop (the stricter baseline)
+# 2 ranks: `num_workers` left at fastai's default (distrib_ctx gives each rank its share);
+# 1 process: none, like the loop (the stricter baseline)
 dls = DataLoaders.from_dsets(ds, TensorDataset(x[:bs], y[:bs]), bs=bs//ws, device='cpu', **({} if ws>1 else dict(num_workers=0)))
 learn = Learner(dls, model(), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=tm)
 learn.remove_cb(ProgressCallback)
@@ -61,14 +65,16 @@ with (learn.distrib_ctx() if ws>1 else nullcontext()):
     for b in range(blocks):
         for k,f in (('raw', raw), ('fastai', fa)) if b%2==0 else (('fastai', fa), ('raw', raw)): res[k].append(f())
         if ws>1: # rank 0's clock: the steps of every rank end together at the all-reduce
-            t = torch.tensor(res['raw'][-1:]+res['fastai'][-1:]); torch.distributed.broadcast(t, 0); res['raw'][-1],res['fastai'][-1] = t.tolist()
+            t = torch.tensor(res['raw'][-1:]+res['fastai'][-1:]); torch.distributed.broadcast(t, 0)
+            res['raw'][-1],res['fastai'][-1] = t.tolist()
 report(res=res, patched='fastddp.distrib' in sys.modules, workers=tm.nw)
 '''
 
 def launch(n, blocks, steps, warmup):
     sys.path.insert(0, str(ROOT))
     from fastddp.testing import run_ranks
-    return run_ranks(WORKER, n=n, args=[blocks, steps, warmup], launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'}, timeout=1800)[0]
+    return run_ranks(WORKER, n=n, args=[blocks, steps, warmup], launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'},
+                     timeout=1800)[0]
 
 def summary(r):
     "(median, min, max) of the block pairs' ratio raw/fastai (speed of fastai relative to the hand-written loop) and of fastai − raw in ms"
@@ -79,15 +85,20 @@ def summary(r):
 
 def table(one, two):
     (r1,d1,a1,b1),(r2,d2,a2,b2) = summary(one),summary(two)
-    ls = ["| run | hand-written loop, ms/step | fastai, ms/step | fastai's speed / the loop's (median of block pairs, spread) | fastai − loop, ms/step (median, spread) |", "|---|---|---|---|---|",
-          f"| 1 process, fastai without fastddp (`fastai@1` vs `raw@1`) | {a1:.3f} | {b1:.3f} | {r1[0]:.3f} ({r1[1]:.3f}-{r1[2]:.3f}) | {d1[0]:.3f} ({d1[1]:.3f} to {d1[2]:.3f}) |",
-          f"| 2 ranks, fastddp's default `distrib_ctx()` (`fastddp@2` vs `raw@2`) | {a2:.3f} | {b2:.3f} | {r2[0]:.3f} ({r2[1]:.3f}-{r2[2]:.3f}) | {d2[0]:.3f} ({d2[1]:.3f} to {d2[2]:.3f}) |",
-          "", f"What fastddp adds under DDP beyond fastai's own loop: (fastddp@2 − raw@2) − (fastai@1 − raw@1) = {d2[0]-d1[0]:.3f} ms per step (medians; target ≤ 0.2)"]
+    ls = ["| run | hand-written loop, ms/step | fastai, ms/step | fastai's speed / the loop's (median of block pairs, spread) "
+          "| fastai − loop, ms/step (median, spread) |", "|---|---|---|---|---|",
+          f"| 1 process, fastai without fastddp (`fastai@1` vs `raw@1`) | {a1:.3f} | {b1:.3f} | "
+          f"{r1[0]:.3f} ({r1[1]:.3f}-{r1[2]:.3f}) | {d1[0]:.3f} ({d1[1]:.3f} to {d1[2]:.3f}) |",
+          f"| 2 ranks, fastddp's default `distrib_ctx()` (`fastddp@2` vs `raw@2`) | {a2:.3f} | {b2:.3f} | "
+          f"{r2[0]:.3f} ({r2[1]:.3f}-{r2[2]:.3f}) | {d2[0]:.3f} ({d2[1]:.3f} to {d2[2]:.3f}) |",
+          "", f"What fastddp adds under DDP beyond fastai's own loop: "
+              f"(fastddp@2 − raw@2) − (fastai@1 − raw@1) = {d2[0]-d1[0]:.3f} ms per step (medians; target ≤ 0.2)"]
     return '\n'.join(ls)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--blocks', type=int, default=12); p.add_argument('--steps', type=int, default=200); p.add_argument('--warmup', type=int, default=20)
+    p.add_argument('--blocks', type=int, default=12); p.add_argument('--steps', type=int, default=200)
+    p.add_argument('--warmup', type=int, default=20)
     p.add_argument('--save')
     a = p.parse_args()
     load0 = os.getloadavg()
@@ -95,14 +106,16 @@ def main():
     two = launch(2, a.blocks, a.steps, a.warmup)
     load1 = os.getloadavg()
     assert not one['patched'] and two['patched']
-    title = (f"short steps paired within the processes: MLP 64-512-512-10, global batch 64, {a.blocks} alternating blocks of {a.steps} timed steps "
-             f"(after {a.warmup}) per side, 1 thread per process, fastddp's loaders at {two['workers']} workers per rank (left at fastai's default), plain fastai's at {one['workers']}; "
+    title = (f"short steps paired within the processes: MLP 64-512-512-10, global batch 64, {a.blocks} alternating blocks of {a.steps} "
+             f"timed steps (after {a.warmup}) per side, 1 thread per process, fastddp's loaders at {two['workers']} workers per rank "
+             f"(left at fastai's default), plain fastai's at {one['workers']}; "
              f"load average {load0[0]:.1f} before, {load1[0]:.1f} after (a shared 2-core machine)")
     t = table(one['res'], two['res'])
     print(title); print(t)
     if a.save:
         from fastddp.bench import save_result
-        save_result(a.save, 'short_steps', title, 'python tools/short_steps.py '+shlex.join(sys.argv[1:]), t, one=one, two=two, load=[load0, load1])
+        save_result(a.save, 'short_steps', title, 'python tools/short_steps.py '+shlex.join(sys.argv[1:]), t, one=one, two=two,
+                    load=[load0, load1])
         print(f"saved: {a.save}")
 
 if __name__=='__main__': main()

@@ -29,7 +29,8 @@ def kill_tree(p):
 def once(cmd, timeout, env):
     "Run `cmd` once: exit code, seconds, output tail, and the stacks when it ran past `timeout`"
     t0 = time.time()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         stdin=subprocess.DEVNULL)
     try:
         out,_ = p.communicate(timeout=timeout)
         return dict(rc=p.returncode, secs=time.time()-t0, hung=False, tail=out[-2000:])
@@ -45,11 +46,15 @@ def _save(fn, cmd, runs, timeout, command=None):
     secs = sorted(r['secs'] for r in runs if not r['hung'])
     rcs = sorted({r['rc'] for r in runs if not r['hung'] and r['rc']!=0})
     hung,failed = sum(r['hung'] for r in runs),sum(not r['hung'] and r['rc']!=0 for r in runs)
-    tbl = ("| launches | hung (no exit within the bound) | failed | exit codes of the failures | bound (s) | seconds per launch: median (min-max) |\n|---|---|---|---|---|---|\n"
-           f"| {len(runs)} | {hung} | {failed} | {', '.join(map(str, rcs)) or '-'} | {timeout:g} | {secs[len(secs)//2]:.0f} ({secs[0]:.0f}-{secs[-1]:.0f}) |\n\n"
+    tbl = ("| launches | hung (no exit within the bound) | failed | exit codes of the failures | bound (s) | "
+           "seconds per launch: median (min-max) |\n|---|---|---|---|---|---|\n"
+           f"| {len(runs)} | {hung} | {failed} | {', '.join(map(str, rcs)) or '-'} | {timeout:g} | "
+           f"{secs[len(secs)//2]:.0f} ({secs[0]:.0f}-{secs[-1]:.0f}) |\n\n"
            f"The launch: `{shlex.join(Path(o).name if o==sys.executable else o for o in cmd)}`, on Python {platform.python_version()}.")
-    save_result(fn, 'soak', f"Soak: {len(runs)} launches of {Path(cmd[-1]).name} under {'torchrun' if 'torch.distributed.run' in cmd else 'fastddp-launch'}",
-                command or 'python tools/soak.py '+shlex.join(sys.argv[1:]), tbl, runs=[{k:v for k,v in r.items() if k!='tail'} for r in runs])
+    save_result(fn, 'soak', f"Soak: {len(runs)} launches of {Path(cmd[-1]).name} "
+                f"under {'torchrun' if 'torch.distributed.run' in cmd else 'fastddp-launch'}",
+                command or 'python tools/soak.py '+shlex.join(sys.argv[1:]), tbl,
+                runs=[{k:v for k,v in r.items() if k!='tail'} for r in runs])
 
 @call_parse
 def main(n:int=100, # launches

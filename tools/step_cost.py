@@ -64,7 +64,8 @@ class Clock(Callback):
             l.opt.zero_grad = timed('zero_grad', l.opt.zero_grad)
             for cb in l.cbs:
                 if cb is self: continue
-                for ev in ('before_batch','after_pred','after_loss','before_backward','after_backward','before_step','after_step','after_batch'):
+                for ev in ('before_batch','after_pred','after_loss','before_backward','after_backward','before_step','after_step',
+                           'after_batch'):
                     f = cb.__dict__.get(ev) or getattr(type(cb), ev, None)
                     if f is None: continue
                     if ev not in cb.__dict__: f = getattr(cb, ev)
@@ -99,8 +100,9 @@ if ws>1: # the all-reduce of the gradients alone, and the backward alone (no_syn
 report(ms=res, extra=extra, cbs=[type(o).__name__ for o in learn.cbs])
 '''
 
-ORDER = ['DataLoader: next batch (DistributedDL / TfmdDL)', 'event dispatch (with the callbacks in it)', 'model forward (the module itself)',
-         'DDP forward: wrapper + module', 'loss function', 'backward (+ all-reduce under DDP)', 'optimizer step (fastai SGD, momentum)', 'zero_grad',
+ORDER = ['DataLoader: next batch (DistributedDL / TfmdDL)', 'event dispatch (with the callbacks in it)',
+         'model forward (the module itself)', 'DDP forward: wrapper + module', 'loss function', 'backward (+ all-reduce under DDP)',
+         'optimizer step (fastai SGD, momentum)', 'zero_grad',
          'callback TrainEvalCallback', 'callback Recorder', 'callback CastToTensor', 'callback DistributedTrainer', 'callback Heartbeat',
          'callback TimeCost', 'callback TimeEnd', 'callback Throughput']
 NAMES = {'DDP forward: wrapper + module': 'DDP wrapper around the forward (Accelerate-prepared `DistributedDataParallel`)'}
@@ -109,7 +111,8 @@ def run(n, cfg, steps, warmup):
     "One run's report on each rank"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fastddp.testing import run_ranks
-    return run_ranks(WORKER, n=n, args=[steps, warmup, cfg], launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'}, timeout=900)
+    return run_ranks(WORKER, n=n, args=[steps, warmup, cfg], launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'},
+                     timeout=900)
 
 def table(res):
     "Markdown: ms per training step of each part, median over the repetitions, for each configuration and rank"
@@ -118,12 +121,15 @@ def table(res):
     keys = list(dict.fromkeys([k for k in ORDER if k in seen]+seen)) # the known parts in the loop's order, then any other
     med = lambda c,k,f='ms': statistics.median(o[f].get(k, 0.) for o in res[c])
     ls = ["| ms per training step | "+" | ".join(cols)+" |", "|---|"+"---|"*len(cols)]
-    for k in keys: ls.append(f"| {NAMES.get(k, k)} | "+" | ".join(f"{med(c, k):.3f}" if any(k in o['ms'] for o in res[c]) else '' for c in cols)+" |")
+    for k in keys:
+        ls.append(f"| {NAMES.get(k, k)} | "+" | ".join(f"{med(c, k):.3f}" if any(k in o['ms'] for o in res[c]) else '' for c in cols)+" |")
     ls.append("| the rest of fastai's loop (`one_batch`, `_with_events`, `Learner.__call__`), unattributed | "+" | ".join(
-        f"{statistics.median(o['ms']['total step']-sum(v for k,v in o['ms'].items() if k!='total step') for o in res[c]):.3f}" for c in cols)+" |")
+        f"{statistics.median(o['ms']['total step']-sum(v for k,v in o['ms'].items() if k!='total step') for o in res[c]):.3f}"
+        for c in cols)+" |")
     ls.append("| **total step (instrumented)** | "+" | ".join(f"**{med(c, 'total step'):.3f}**" for c in cols)+" |")
     ex = [k for c in cols for o in res[c][:1] for k in o['extra']]
-    for k in dict.fromkeys(ex): ls.append(f"| {k} | "+" | ".join(f"{med(c, k, 'extra'):.3f}" if res[c][0]['extra'] else '' for c in cols)+" |")
+    for k in dict.fromkeys(ex):
+        ls.append(f"| {k} | "+" | ".join(f"{med(c, k, 'extra'):.3f}" if res[c][0]['extra'] else '' for c in cols)+" |")
     return '\n'.join(ls)
 
 def main():
@@ -140,7 +146,8 @@ def main():
                     if n==1 and rk: continue
                     res.setdefault(f"{cfg}, {'1 process' if n==1 else '2 ranks'}, rank {rk}", []).append(o)
     load1 = os.getloadavg()
-    title = (f"per-step cost by component, MLP 64-512-512-10, global batch 64, {a.steps} timed steps after {a.warmup}, 1 thread per process, "
+    title = (f"per-step cost by component, MLP 64-512-512-10, global batch 64, {a.steps} timed steps after {a.warmup}, "
+             "1 thread per process, "
              f"median of {a.reps} interleaved repetitions; load average {load0[0]:.1f} before, {load1[0]:.1f} after (a shared machine)")
     t = table(res)
     print(title); print(t)
