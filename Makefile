@@ -40,6 +40,7 @@ demo: $(BIN)/.ok
 # The benchmarks page and the README are generated too (from nbs/bench_results/ and nbs/index.ipynb); lines stay <= 140 characters.
 check: $(BIN)/.ok
 	$(BIN)/nbdev-export
+	$(BIN)/python tools/lines.py
 	$(BIN)/python tools/bench_page.py >/dev/null
 	$(BIN)/nbdev-clean
 	$(BIN)/python tools/readme.py --check
