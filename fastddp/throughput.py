@@ -117,7 +117,8 @@ class Throughput(Callback):
         t = max(o[3] for o in rs) # the ranks step together: the slowest sets the pace
         # on a CPU the ranks of a host share its cores, so the host is the device; on GPUs each rank has its own
         devs = len(rs) if torch.cuda.is_available() else max(1, len(rs)//int(os.environ.get('LOCAL_WORLD_SIZE', len(rs))))
-        return dict(ranks=[_one(*o) for o in rs], total=_one(n, nb, ntok, t, devs), uncounted=uncounted(self.model_), uncounted_share=self.share,
+        return dict(ranks=[_one(*o) for o in rs], total=_one(n, nb, ntok, t, devs), uncounted=uncounted(self.model_),
+                    uncounted_share=self.share,
                     sharded=is_sharded(self.model_))
 
     def report(self):
