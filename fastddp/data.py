@@ -165,7 +165,7 @@ def _adult_df(n, seed):
                           [70,8,6,4,3,3,.1,5.6]),
         'fnlwgt':rng.lognormal(12, 0.5, n).clip(12285, 1484705).astype(int), 'education':edu, 'education-num':edu_n, 'marital-status':mar,
         'occupation':occ, 'relationship':rel,
-                       'race':_pick(rng, n, ['White','Black','Asian-Pac-Islander','Amer-Indian-Eskimo','Other'], [85,10,3,1,1]),
+        'race':_pick(rng, n, ['White','Black','Asian-Pac-Islander','Amer-Indian-Eskimo','Other'], [85,10,3,1,1]),
         'sex':sex, 'capital-gain':gain, 'capital-loss':loss, 'hours-per-week':hours,
         'native-country':_pick(rng, n, ['United-States','Mexico','?','Philippines','Germany','Canada','India','England'],
                                [90,2,2,.6,.4,.4,.3,.3])})

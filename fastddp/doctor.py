@@ -59,9 +59,10 @@ def packages_check(v:dict): # from `versions`
 def python_check(v:str): # `platform.python_version()`
     "Warn on a Python whose forked DataLoader workers can deadlock under DDP (CPython gh-112275)"
     t = tuple(int(o) for o in re.findall(r'\d+', v)[:3])
-    if t<(3,10,15) or (3,11)<=t<(3,11,8): return chk('python', v, False,
-                                                     f"Python {v} can deadlock a DataLoader worker as it forks (CPython gh-112275): use "
-                                                     "Python 3.11.8 or later, or num_workers=0", warn=True)
+    if t<(3,10,15) or (3,11)<=t<(3,11,8):
+        return chk('python', v, False,
+                   f"Python {v} can deadlock a DataLoader worker as it forks (CPython gh-112275): use Python 3.11.8 or later, "
+                   "or num_workers=0", warn=True)
     return chk('python', v)
 
 # %% ../nbs/06_doctor.ipynb #7bd5eba4
@@ -89,9 +90,8 @@ def half_precision():
 def precision_check(h:dict): # from `half_precision`
     "Does `to_fp16()`/`to_bf16()` compute in half precision here, and is that fast?"
     nm = 'precision'
-    if h['gpu']: return chk(nm, "GPU: float16 and bfloat16") if h['bf16'] else chk(nm, "GPU: float16 only", False,
-                                                                                   "use learn.to_fp16(): to_bf16() stops with 'Unsupported "
-                                                                                   "GPU' on this GPU", warn=True)
+    if h['gpu']: return chk(nm, "GPU: float16 and bfloat16") if h['bf16'] else chk(
+        nm, "GPU: float16 only", False, "use learn.to_fp16(): to_bf16() stops with 'Unsupported GPU' on this GPU", warn=True)
     ds = ('float16','bfloat16')
     v = "CPU autocast takes "+', '.join(f"{d} {h[d]:.1f}x" for d in ds)+" float32's time"
     slow = [d for d in ds if h[d]>h['max_ratio']]
@@ -167,8 +167,8 @@ def _is_local(addr):
 def port_check(e:dict): # from `dist_env`
     "Is the rendezvous port free, when this machine is the master?"
     addr,p = e.get('MASTER_ADDR'),e.get('MASTER_PORT')
-    if p is not None and not (p.isdigit() and 0<int(p)<65536): return chk('master port', f"MASTER_PORT={p!r} is not a port", False,
-                                                                          "set MASTER_PORT to a number from 1024 to 65535, or unset it")
+    if p is not None and not (p.isdigit() and 0<int(p)<65536):
+        return chk('master port', f"MASTER_PORT={p!r} is not a port", False, "set MASTER_PORT to a number from 1024 to 65535, or unset it")
     port = int(p or 29500)
     if addr:
         try: socket.getaddrinfo(addr, port)
@@ -206,8 +206,8 @@ def cpu_check(n:int, # CPUs usable
     if workers is None:
         if nproc>n: return chk('cpus', f"{nproc} ranks on {n} CPUs", False, f"more ranks than CPUs: use --nproc {n}", warn=True)
         return chk('cpus',
-                   f"{nproc} ranks × (1 + {w} workers) = {nproc*(1+w)} processes on {n} CPUs: DataLoaders left at fastai's default get {w} "
-                   "workers per rank inside distrib_ctx")
+                   f"{nproc} ranks × (1 + {w} workers) = {nproc*(1+w)} processes on {n} CPUs: DataLoaders left at fastai's default "
+                   f"get {w} workers per rank inside distrib_ctx")
     v = f"{nproc} ranks × (1 + {workers} workers) = {nproc*(1+workers)} processes on {n} CPUs"
     if nproc*(1+workers)<=n: return chk('cpus', v)
     if nproc>n: return chk('cpus', v, False, f"more ranks than CPUs: use --nproc {n} (and num_workers=0)", warn=True)
@@ -246,8 +246,9 @@ def reach_check(peer:str): # 'HOST:PORT', such as the master's rendezvous addres
         with socket.create_connection((host, int(port)), timeout=5): pass
     except ValueError: return chk('peer', f"--peer {peer}: expected HOST:PORT", False,
                                   "give the master's address and port, such as node01:29500")
-    except OSError as e: return chk('peer', f"{peer}: {e.strerror or e}", False,
-                                    "start the master's launcher first, then check the address, the port and any firewall between the nodes")
+    except OSError as e:
+        return chk('peer', f"{peer}: {e.strerror or e}", False,
+                   "start the master's launcher first, then check the address, the port and any firewall between the nodes")
     return chk('peer', f"{peer} accepts connections")
 
 # %% ../nbs/06_doctor.ipynb #968af50d
@@ -282,12 +283,11 @@ def render_bench(r:dict): # the `bench` part of a report
     ls += [f"  {fmt_size(o['size']):>10} {_fmt_time(o['time_s']):>10} {o['algbw_GBps']:>11.3f} {o['busbw_GBps']:>11.3f} "
            f"{_fmt_float(o['of_copy']):>11}" for o in r['rows']]
     if 'model' in r: m = r['model']; ls.append(f"  model {m['name']}: gradients {fmt_size(m['size'])}, one all-reduce "
-                                               f"{_fmt_time(m['time_s'])}, busbw {m['busbw_GBps']:.3f} GB/s ({_fmt_float(m['of_copy'])} of "
-                                               "copy)")
+                                               f"{_fmt_time(m['time_s'])}, busbw {m['busbw_GBps']:.3f} GB/s "
+                                               f"({_fmt_float(m['of_copy'])} of copy)")
     o = r['rows'][-1]
-    if 'compute' in r: ls.append(f"  compute peak ({r['compute']['source']}): "+', '.join(f"{k} {v/1e9:.1f} GFLOP/s"
-                                                                                          for k,v in r['compute'].items() if k!='source'
-                                                                                          and v))
+    if 'compute' in r: ls.append(f"  compute peak ({r['compute']['source']}): "
+                                 +', '.join(f"{k} {v/1e9:.1f} GFLOP/s" for k,v in r['compute'].items() if k!='source' and v))
     ls.append(f"  at {fmt_size(o['size'])}: busbw {o['busbw_GBps']:.3f} GB/s = {_fmt_float(o['of_copy'])} of the link limit")
     return ls
 

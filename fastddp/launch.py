@@ -34,10 +34,8 @@ def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2'
     except ValueError: raise LaunchError(f"--gpus {gpus!r}: expected 'all' or comma-separated GPU ids such as 0,1") from None
     if len(set(ids))<len(ids) or min(ids)<0: raise LaunchError(f"--gpus {gpus!r}: each GPU id once, none negative")
     bad = [i for i in ids if i>=n_gpus]
-    if bad: raise LaunchError(f"--gpus {gpus!r}: GPU {bad[0]} does not exist; this machine has {n_gpus or 'no'} GPU(s)"+("" if n_gpus
-                                                                                                                         else ": leave "
-                                                                                                                         "--gpus out to "
-                                                                                                                         "run CPU processes"))
+    if bad: raise LaunchError(f"--gpus {gpus!r}: GPU {bad[0]} does not exist; this machine has {n_gpus or 'no'} GPU(s)"
+                              +("" if n_gpus else ": leave --gpus out to run CPU processes"))
     return ids
 
 # %% ../nbs/01_launch.ipynb #8b8478bf
@@ -101,7 +99,8 @@ def fail_msg(e, nnodes:int=1): # the number of nodes in the job
     r0 = min(own, key=lambda r: (peer_lost(_why(own[r])), own[r].timestamp, r))
     res = [f"rank {r0} (pid {fs[r0].pid}) failed: {_why(fs[r0])}"]
     others = sorted(r for r in fs if r!=r0)
-    if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it (usually: their peer was gone)")
+    if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it "
+                          "(usually: their peer was gone)")
     # every rank here lost a peer: the cause is on another node, whose own launcher says what it was (or nothing, if the machine died)
     if nnodes>1 and peer_lost(_why(fs[r0])):
         m = _peer_addr.search(_why(fs[r0]))
@@ -147,8 +146,8 @@ def launch_config(a):
     # no port: c10d picks a free one; a port: static rendezvous, whose run id must be the same on every node
     if a.master_port is None: backend,endpoint,cfg,rid = 'c10d','localhost:0',{},str(uuid.uuid4())
     # nodes wait for each other as long as ranks do
-    else: backend,endpoint,cfg,rid = 'static',f'{a.master_addr}:{a.master_port}',{'rank':a.node_rank,
-                                                                                  'timeout':int(distrib_timeout().total_seconds())},'fastddp'
+    else: backend,endpoint,cfg,rid = ('static',f'{a.master_addr}:{a.master_port}',
+                                      {'rank':a.node_rank, 'timeout':int(distrib_timeout().total_seconds())},'fastddp')
     tee = Std.from_str(','.join(f'{i}:3' for i in range(1,n))) if n>1 else Std.NONE
     logs = DefaultLogsSpecs(log_dir=a.log_dir, tee=tee)
     return LaunchConfig(min_nodes=a.nnodes, max_nodes=a.nnodes, nproc_per_node=n, run_id=rid,
@@ -189,7 +188,7 @@ def _children():
     return res
 
 class Forward:
-    "The launcher's SIGTERM and SIGUSR1 handler: pass the signal on to every rank, wait up to `grace` seconds, SIGKILL the rest, stop the agent"
+    "The launcher's SIGTERM and SIGUSR1 handler: pass the signal on to every rank, wait up to `grace` s, SIGKILL the rest, stop the agent"
     sigs = (signal.SIGTERM, signal.SIGUSR1)
     def __init__(self, grace:float): self.grace,self.sig,self.codes,self.old = grace,None,{},{} # codes: {pid: exit code, or -signal}
     def install(self):
@@ -233,8 +232,7 @@ def launch(argv=None):
         say(f"node rank {a.node_rank} of {a.nnodes}: waiting for the master at {at}, for up to {secs:g} s (FASTDDP_TIMEOUT)")
         if not wait_master(a.master_addr, a.master_port, secs):
             say(f"nothing answered at {at} within {secs:g} s: start node rank 0 there first, with the same --master-addr and "
-                "--master-port, "
-                f"and check that this node reaches it (fastddp-doctor --peer {at})")
+                f"--master-port, and check that this node reaches it (fastddp-doctor --peer {at})")
             return 1
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     os.environ['PYTHONUNBUFFERED'] = '1'
@@ -250,8 +248,8 @@ def launch(argv=None):
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
     except ChildFailedError as e:
         if all(f.exitcode==PREEMPTED for f in e.failures.values()): # a signal that reached the ranks only
-            print(f"fastddp-launch: the ranks stopped on a signal after writing a checkpoint: exit code {PREEMPTED}", file=sys.stderr,
-                  flush=True)
+            print(f"fastddp-launch: the ranks stopped on a signal after writing a checkpoint: exit code {PREEMPTED}",
+                  file=sys.stderr, flush=True)
             return PREEMPTED
         for l in fail_msg(e, a.nnodes): print(f"fastddp-launch: {l}", file=sys.stderr)
         print("fastddp-launch: the other ranks were stopped", file=sys.stderr, flush=True)
@@ -268,8 +266,8 @@ def launch(argv=None):
         print(f"fastddp-launch: {type(e).__name__}: {first}", file=sys.stderr, flush=True)
         if a.nnodes>1 and type(e).__name__ in ('DistNetworkError', 'DistStoreError', 'RendezvousTimeoutError'):
             print(f"fastddp-launch: the nodes did not meet at {a.master_addr}:{a.master_port} within {distrib_timeout().total_seconds():g} "
-                  "s (FASTDDP_TIMEOUT): "
-                  f"start node rank 0 there, and check that this node reaches it (fastddp-doctor --peer {a.master_addr}:{a.master_port})",
+                  f"s (FASTDDP_TIMEOUT): start node rank 0 there, and check that this node reaches it "
+                  f"(fastddp-doctor --peer {a.master_addr}:{a.master_port})",
                   file=sys.stderr, flush=True)
         return 1
     finally: fwd.restore()

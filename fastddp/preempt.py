@@ -156,7 +156,8 @@ def _exit(self:Preempt):
     st = self.stop
     code = PREEMPTED if st['ckpt'] else 128+signal.Signals[st['sig'].split('+')[0]].value
     where = f"{st['sig']}: every rank stopped at epoch {st['epoch']}, step {st['it']}"
-    if st['ckpt']: msg = f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s and {st['steps']} step(s) after the signal; exit code {code}: the same command resumes"
+    if st['ckpt']: msg = (f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s and {st['steps']} step(s) "
+                          f"after the signal; exit code {code}: the same command resumes")
     else: msg = f"; no checkpoint (add Checkpoint() to resume from here); exit code {code}"
     rank0_print(f"fastddp: {where}{msg}", file=sys.stderr)
     if st['ckpt']: self._requeue()

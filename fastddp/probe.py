@@ -82,9 +82,8 @@ max_ratio = 1.2 # the probe's ops are the convs and matmuls that dominate a step
 def cpu_half(dt): # 'float16' or 'bfloat16' (or the torch dtype)
     "Should a CPU autocast use `dt` here? `FASTDDP_CPU_HALF` forces it (1) or forbids it (0); unset, the probe decides"
     f = os.environ.get('FASTDDP_CPU_HALF', '').strip()
-    if f not in ('', '0',
-                 '1'): raise ValueError(f"FASTDDP_CPU_HALF={f!r}: expected 1 (force half precision on the CPU), 0 (never) or unset "
-                                        "(measure)")
+    if f not in ('', '0', '1'):
+        raise ValueError(f"FASTDDP_CPU_HALF={f!r}: expected 1 (force half precision on the CPU), 0 (never) or unset (measure)")
     if f: return f=='1'
     r,d = half_ratio(dt),_name(dt)
     if r<=max_ratio: return True

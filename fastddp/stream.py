@@ -119,8 +119,7 @@ def stream_len(dl):
         s = sp.get(str(ds.split)) if ds.split is not None else None
         if s is not None and s.num_examples: return s.num_examples
     raise DistribError(f"this DataLoader streams a {type(ds).__name__} of unknown length: pass n= (the items of one epoch, all ranks "
-                       "together) "
-                       "to fastai's DataLoader, as DataLoader(ds, bs=64, n=50_000)")
+                       "together) to fastai's DataLoader, as DataLoader(ds, bs=64, n=50_000)")
 
 # %% ../nbs/02s_stream.ipynb #379e64eb
 _dl_new = DataLoader.new
@@ -290,8 +289,8 @@ _gp_after_validate = GatherPredsCallback.after_validate
 def after_validate(self:GatherPredsCallback):
     "Gather the predictions of every rank, then, over a stream, put them in the stream's order"
     dl = self.learn.dl
-    ks = all_gather_list(torch.cat(dl.seen) if dl.seen
-                         else torch.zeros(0, dtype=torch.long)) if isinstance(dl, StreamExactDL) and hasattr(self, 'preds') else None
+    ks = (all_gather_list(torch.cat(dl.seen) if dl.seen else torch.zeros(0, dtype=torch.long))
+          if isinstance(dl, StreamExactDL) and hasattr(self, 'preds') else None)
     _gp_after_validate(self)
     if ks is None: return
     ks = torch.cat(ks)
@@ -299,9 +298,8 @@ def after_validate(self:GatherPredsCallback):
     o = ks.argsort()
     for k in ('inputs','preds','targets','losses'):
         v = getattr(self, k, None)
-        if isinstance(v, (Tensor, tuple, list)) and len(v): setattr(self, k,
-                                                                    apply(lambda t: t[o] if isinstance(t, Tensor) and len(t)==len(o) else t,
-                                                                          v))
+        if isinstance(v, (Tensor, tuple, list)) and len(v):
+            setattr(self, k, apply(lambda t: t[o] if isinstance(t, Tensor) and len(t)==len(o) else t, v))
 
 # %% ../nbs/02s_stream.ipynb #a3ed4d14
 def stream_dl(dl, exact:bool=False, # validation (`StreamExactDL`) rather than training (`StreamDL`)

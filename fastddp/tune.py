@@ -43,9 +43,10 @@ def lossy_candidates(one_mb:int=1024, # the bucket size of 'one bucket'
            dict(name='powersgd', bucket_cap_mb=one_mb, comm_hook='powersgd',
                 lossy='gradients all-reduced as rank-1 PowerSGD approximations (error feedback)')]
     # DDP's static graph fails under `no_sync`
-    if accum and accum>1: res.append(dict(name=f'accum{accum}', bucket_cap_mb=one_mb, accum=accum, static_graph=False,
-                                          lossy=f'an optimizer step every {accum} batches: a {accum}x larger global batch, {accum}x fewer '
-                                                'steps at the same learning rate'))
+    if accum and accum>1:
+        res.append(dict(name=f'accum{accum}', bucket_cap_mb=one_mb, accum=accum, static_graph=False,
+                        lossy=f'an optimizer step every {accum} batches: a {accum}x larger global batch, {accum}x fewer steps at the same '
+                              'learning rate'))
     return res
 
 # %% ../nbs/02t_tune.ipynb #bdfb9374
@@ -101,7 +102,8 @@ def tune_summary(d:dict): # a decision (`learn.ddp_tuning`)
     rows = {r['name']:r for r in d['table']}
     c = rows[d['chosen']]
     s = f"chose {d['chosen']}"
-    if d.get('default') in rows and d['default']!=d['chosen']: s += f", {rows[d['default']]['step_ms']/c['step_ms']:.2f}x faster than the starting settings ({d['default']})"
+    if d.get('default') in rows and d['default']!=d['chosen']:
+        s += f", {rows[d['default']]['step_ms']/c['step_ms']:.2f}x faster than the starting settings ({d['default']})"
     elif d.get('default')==d['chosen']: s += " (the starting settings: no gain here)"
     ef = knob_effects(d)
     if ef: s += "; the knob that mattered: "+', '.join(f"{_knob_names[k]} ({v:.2f}x the step time otherwise)" for k,v in ef.items())
@@ -110,8 +112,8 @@ def tune_summary(d:dict): # a decision (`learn.ddp_tuning`)
 
 def tune_table(d:dict): # a decision (`learn.ddp_tuning`)
     "The table rank 0 prints: candidate, step time, exposed communication, chosen"
-    ls = [f"fastddp: DDP settings tuned on {d['ws']} ranks, {d['steps']} measured steps per candidate, interleaved (the slowest rank's "
-          "median)",
+    ls = [f"fastddp: DDP settings tuned on {d['ws']} ranks, {d['steps']} measured steps per candidate, interleaved "
+          "(the slowest rank's median)",
           f"{'candidate':<24}{'step ms':>9}{'exposed comm ms':>17}  chosen"]
     ls += [f"{r['name']:<24}{r['step_ms']:9.2f}{r['comm_ms']:17.2f}  "
            f"{'*' if r['name']==d['chosen'] else ' '}{'  lossy: '+r['lossy'] if r.get('lossy') else ''}" for r in d['table']]
@@ -128,11 +130,12 @@ class Tune(Callback):
     order,run_valid = 71,False # after `DistributedTrainer` (11) has wrapped the model and `Checkpoint` (70) has restored a decision
     steps,reps,settle = 2,2,2 # measured steps per candidate in each round; rounds; steps left out after each change
     def before_fit(self):
-        self.plan,self.p,self.measured,self.n_wraps,self.acc_cb,self.active,self.stepped,self.chained,self.warm = [],0,0,0,None,False,False,False,0
+        (self.plan,self.p,self.measured,self.n_wraps,self.acc_cb,self.active,self.stepped,self.chained,
+         self.warm) = [],0,0,0,None,False,False,False,0
         tr = self.tr = self.learn.distributed_trainer
         self.cc = any(isinstance(o, Compile) for o in self.learn.cbs) # `distrib_ctx(compile=...)`: steps that compile are left out
-        if getattr(tr, 'shard',
-                   False): return rank0_print("fastddp: tune=True does nothing with shard=True: a sharded model has no DDP settings to tune")
+        if getattr(tr, 'shard', False):
+            return rank0_print("fastddp: tune=True does nothing with shard=True: a sharded model has no DDP settings to tune")
         m = self.learn.model
         if not isinstance(m, nn.parallel.DistributedDataParallel): return
         # PowerSGD keeps its error feedback and warm start per bucket, in DDP's bucket layout, which every new wrapper rebuilds
@@ -187,8 +190,8 @@ def known(self:Tune):
     if is_rank0():
         d,src = getattr(self.learn, 'ddp_tuning', None),'an earlier fit or a checkpoint'
         fn = self.tr.tune_file
-        if not (d and d.get('key')==self.key): d,src = (json.loads(Path(fn).read_text()).get(self.key),
-                                                        fn) if fn and Path(fn).exists() else (None,None)
+        if not (d and d.get('key')==self.key):
+            d,src = (json.loads(Path(fn).read_text()).get(self.key),fn) if fn and Path(fn).exists() else (None,None)
     o = [d,src]
     dist.broadcast_object_list(o, 0, device=_dev())
     return o if o[0] is not None else (None,None)
@@ -301,8 +304,10 @@ def after_fit(self:Tune):
     if not self.active: return
     if self.measuring: # the fit was shorter than the measurements (every rank ran the same steps: they agree on this)
         if all(self.times): self.decide(wrap=False)
-        else: rank0_print(f"fastddp: the fit ended before every DDP candidate was measured ({self.measured} steps): nothing decided, the "
-                          "next fit tunes again"); self.plan = []
+        else:
+            rank0_print(f"fastddp: the fit ended before every DDP candidate was measured ({self.measured} steps): nothing decided, the "
+                        "next fit tunes again")
+            self.plan = []
     self.unchain()
     self.tr.comm_hook,self.tr.powersgd_start = self.hook0,self.start0
     if self.acc_cb is not None: self.learn.remove_cb(self.acc_cb); self.acc_cb = None

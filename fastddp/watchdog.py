@@ -163,7 +163,8 @@ def _waited(self:Watchdog, st, s, at, fn):
         except RuntimeError: break
     silent = [r for r in range(world_size()) if r not in rep]
     msg = f"rank {rank()} waited {s+self.grace:.0f} s for other ranks at {at} (stacks: {fn})"
-    if silent: return msg+f"; rank(s) {', '.join(map(str, silent))} made no progress and did not report (busy without releasing Python's lock, or their host is gone)"
+    if silent: return msg+(f"; rank(s) {', '.join(map(str, silent))} made no progress and did not report "
+                           "(busy without releasing Python's lock, or their host is gone)")
     waits = '; '.join(f"rank {r} at {o['at']}" for r,o in rep.items() if r!=rank())
     return msg+f"; every rank waits in a collective, so they called different ones: {waits}"
 
@@ -191,8 +192,9 @@ class Heartbeat(Callback):
         s = self.stall if self.stall is not None else stall_time()
         if s<=0: return
         t = distrib_timeout().total_seconds()
-        if s>=t: warn_once(f"FASTDDP_STALL={s:g} is not below FASTDDP_TIMEOUT={t:g}: a collective's timeout may end a hang before the "
-                           "watchdog names the stuck rank")
+        if s>=t:
+            warn_once(f"FASTDDP_STALL={s:g} is not below FASTDDP_TIMEOUT={t:g}: a collective's timeout may end a hang before the watchdog "
+                      "names the stuck rank")
         self.dog = Watchdog(s).start()
     def before_batch(self): beat()
     def after_batch(self): beat()
