@@ -98,7 +98,8 @@ def model_bytes(name:str): # a torchvision model, such as 'resnet34'
 def compute_peak():
     "Peak FLOP/s by dtype: on a CPU a matmul measured here (half precision only where the CPU has it), on a GPU the datasheet's"
     if has_cuda(): return dict(source='datasheet (not measured)', **{dt:device_peak(dt) for dt in ('float32','tf32','bfloat16','float16')})
-    return dict(source='matmul measured on this CPU', **{dt:cpu_peak(dt) for dt in ('float32','bfloat16','float16') if dt=='float32' or cpu_half(dt)})
+    return dict(source='matmul measured on this CPU',
+                **{dt:cpu_peak(dt) for dt in ('float32','bfloat16','float16') if dt=='float32' or cpu_half(dt)})
 
 # %% ../nbs/05b_allreduce.ipynb #239747e2
 def run_bench(nproc:int=2, # ranks

@@ -47,7 +47,8 @@ def _model(arch):
     "The model of workload `arch` (a torchvision name, 'mlp', 'tabular' or 'awd_lstm'), the same initial weights in every process"
     import torch
     torch.manual_seed(0)
-    if arch=='mlp': return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    if arch=='mlp': return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                               torch.nn.Linear(512, 10))
     if arch=='tabular':
         from fastai.tabular.model import TabularModel, emb_sz_rule
         return TabularModel([(c, emb_sz_rule(c)) for c in _adult_cards.values()], _n_cont, 2, layers=[200,100])
@@ -112,7 +113,8 @@ def run_raw(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
         opt.step()
     _sync()
     if ws>1 and not hooks: st.update(syncs=None, bytes=0)
-    return dict(samples_per_s=bs*steps/(time.perf_counter()-t0), syncs=st['syncs'], bytes_per_sync=st['bytes']/max(st['syncs'] or 0, 1), ddp=ddp_options(m))
+    return dict(samples_per_s=bs*steps/(time.perf_counter()-t0), syncs=st['syncs'], bytes_per_sync=st['bytes']/max(st['syncs'] or 0, 1),
+                ddp=ddp_options(m))
 
 # %% ../nbs/07_bench.ipynb #35b616bb
 def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
@@ -150,20 +152,22 @@ def run_fastai(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
     learn = Learner(dls, m, loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=cbs)
     learn.remove_cb(ProgressCallback)
     ctx = (learn.parallel_ctx() if dp else
-           learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, comm_stats=hooks and not (ddp or {}).get('shard'), compile=compile, **(ddp or {})) if ws>1 or compile else nullcontext())
+           learn.distrib_ctx(comm_hook=comm_hook, powersgd_start=2, comm_stats=hooks and not (ddp or {}).get('shard'), compile=compile,
+                             **(ddp or {})) if ws>1 or compile else nullcontext())
     with ctx:
         for o in learn.cbs.filter(lambda o: type(o) is Preempt and preempt is not None): # the one `distrib_ctx` added
             if preempt: o.check = preempt
             else: learn.remove_cb(o)
         learn.fit(1)
     st = getattr(learn, 'comm_stats', None)
-    res = dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=st.syncs if st else None if ws>1 and not dp else 0, bytes_per_sync=st.bytes_per_sync if st else 0., ddp=tm.ddp, mem=tm.mem, first_step_s=tm.first)
+    res = dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=st.syncs if st else None if ws>1 and not dp else 0,
+               bytes_per_sync=st.bytes_per_sync if st else 0., ddp=tm.ddp, mem=tm.mem, first_step_s=tm.first)
     if time_cost: res['phases'] = {p:v[0][0] for p,v in learn.time_cost.stats()['phases'].items()}
     return res
 
 # %% ../nbs/07_bench.ipynb #35b616c0
 def _fastai_dls(d, bs, ws, arch):
-    "fastai loaders of samples `d` (the same in every process), `bs//ws` a batch; the MLP's from `DataLoaders.from_dsets`, with fastai's default workers"
+    "fastai loaders of samples `d` (the same in every process), `bs//ws` a batch; the MLP's from `DataLoaders.from_dsets`, default workers"
     import torch
     from fastai.basics import DataLoaders, DataLoader
     from torch.utils.data import TensorDataset
@@ -189,22 +193,26 @@ def run_plain(arch='resnet18', size=64, bs=64, steps=15, warmup=3,
             if self.i==warmup+steps: _sync(); self.t1 = time.perf_counter()
         def after_step(self): pass # the same callbacks' events as `run_fastai`'s timer
     tm = StepTimer()
-    learn = Learner(_fastai_dls(_data(bs*(steps+warmup), size, arch), bs, 1, arch), _model(arch), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=tm)
+    learn = Learner(_fastai_dls(_data(bs*(steps+warmup), size, arch), bs, 1, arch), _model(arch), loss_func=CrossEntropyLossFlat(),
+                    opt_func=partial(SGD, mom=0.9), lr=0.01, cbs=tm)
     learn.remove_cb(ProgressCallback)
     learn.fit(1)
     if 'fastddp.distrib' in sys.modules: raise RuntimeError("fastddp's patches of fastai are loaded: this is not plain fastai")
     return dict(samples_per_s=bs*steps/(tm.t1-tm.t0), syncs=0, bytes_per_sync=0., ddp=None, mem=None)
 
 # %% ../nbs/07_bench.ipynb #84a74bc6
-mode_runs = dict(raw=(run_raw, {}), nosync=(run_raw, dict(sync=False)), fastai=(run_plain, {}), single=(run_fastai, {}), dp=(run_fastai, dict(dp=True)),
-             ddp=(run_fastai, {}), timecost=(run_fastai, dict(time_cost=True)), **{f'acc{k}': (run_fastai, dict(accum=k)) for k in (2,4,8)},
-             fp16=(run_fastai, dict(comm_hook='fp16')), powersgd=(run_fastai, dict(comm_hook='powersgd')),
-             bucket_view=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=True))), static_graph=(run_fastai, dict(ddp=dict(static_graph=True))),
-             one_bucket=(run_fastai, dict(ddp=dict(bucket_cap_mb=1024))), bucket_5mb=(run_fastai, dict(ddp=dict(bucket_cap_mb=5))),
-             steploss=(run_fastai, dict(ddp=dict(step_loss=True))), nowatchdog=(run_fastai, dict(watchdog=False)),
-             pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))),
-             tuned=(run_fastai, dict(ddp=dict(tune=True))), # `fastddp.tune`: its measuring steps inside the timed ones
-             **{'t_'+c.pop('name').replace(' ','_').replace('+','_'): (run_fastai, dict(ddp=c)) for c in candidates()}) # each candidate for the whole run
+mode_runs = dict(raw=(run_raw, {}), nosync=(run_raw, dict(sync=False)), fastai=(run_plain, {}), single=(run_fastai, {}),
+                 dp=(run_fastai, dict(dp=True)), ddp=(run_fastai, {}), timecost=(run_fastai, dict(time_cost=True)),
+                 **{f'acc{k}': (run_fastai, dict(accum=k)) for k in (2,4,8)},
+                 fp16=(run_fastai, dict(comm_hook='fp16')), powersgd=(run_fastai, dict(comm_hook='powersgd')),
+                 bucket_view=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=True))),
+                 static_graph=(run_fastai, dict(ddp=dict(static_graph=True))),
+                 one_bucket=(run_fastai, dict(ddp=dict(bucket_cap_mb=1024))), bucket_5mb=(run_fastai, dict(ddp=dict(bucket_cap_mb=5))),
+                 steploss=(run_fastai, dict(ddp=dict(step_loss=True))), nowatchdog=(run_fastai, dict(watchdog=False)),
+                 pytorch=(run_fastai, dict(ddp=dict(gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=25))),
+                 tuned=(run_fastai, dict(ddp=dict(tune=True))), # `fastddp.tune`: its measuring steps inside the timed ones
+                 # each candidate for the whole run
+                 **{'t_'+c.pop('name').replace(' ','_').replace('+','_'): (run_fastai, dict(ddp=c)) for c in candidates()})
 _one = ('single','dp','fastai') # modes of one process
 
 def runs(ms, wss=(2,)):
@@ -220,13 +228,15 @@ def runs(ms, wss=(2,)):
     return res
 
 # %% ../nbs/07_bench.ipynb #7c3d0b02
-mode_runs.update(shard=(run_fastai, dict(ddp=dict(shard=True))), shard_grads=(run_fastai, dict(ddp=dict(shard='grads')))) # the default units
+# the default units
+mode_runs.update(shard=(run_fastai, dict(ddp=dict(shard=True))), shard_grads=(run_fastai, dict(ddp=dict(shard='grads'))))
 
 # %% ../nbs/07_bench.ipynb #ab39fb63
 mode_runs.update(compiled=(run_fastai, dict(compile=dict(backend='inductor'))))
 
 # %% ../nbs/07_bench.ipynb #7c3d0b05
-mode_runs.update(nopreempt=(run_fastai, dict(preempt=0)), preempt8=(run_fastai, dict(preempt=8))) # the stop flag's all-reduce: none, every 8 steps (default: every step)
+# the stop flag's all-reduce: none, every 8 steps (default: every step)
+mode_runs.update(nopreempt=(run_fastai, dict(preempt=0)), preempt8=(run_fastai, dict(preempt=8)))
 
 # %% ../nbs/07_bench.ipynb #16f50ef2
 def bench_worker(run, time_cost=False, **kw):
@@ -240,15 +250,18 @@ def _plain_code(kw):
     "A script that runs `run_plain(**kw)` and reports it, importing from fastddp only `fastddp.testing` (which loads no fastai module)"
     import inspect
     fs = ''.join(inspect.getsource(f)+'\n' for f in (_data, _model, _pred, _sync, _fastai_dls, run_plain))
-    return (f"import os, time, torch\nfrom fastddp.testing import report\n_adult_cards,_n_cont,_vocab = {_adult_cards!r},{_n_cont!r},{_vocab!r}\n"
+    return ("import os, time, torch\nfrom fastddp.testing import report\n"
+            f"_adult_cards,_n_cont,_vocab = {_adult_cards!r},{_n_cont!r},{_vocab!r}\n"
             f"{fs}torch.set_num_threads(1)\nreport(**run_plain(**{kw!r}))\n")
 
 def run_mode(run, time_cost=False, **kw):
     "What `run` (`mode@n`) did in a fresh set of processes: samples/s, syncs, bytes per sync, DDP options, and phase times when `time_cost`"
     n = int(run.partition('@')[2] or 1)
-    code = _plain_code(kw) if run=='fastai' else f"from fastddp.bench import bench_worker; bench_worker({run!r}, time_cost={time_cost!r}, **{kw!r})"
+    code = (_plain_code(kw) if run=='fastai'
+            else f"from fastddp.bench import bench_worker; bench_worker({run!r}, time_cost={time_cost!r}, **{kw!r})")
     return run_ranks(code, n=n, launcher='fastddp' if n>1 else 'python', env={'OMP_NUM_THREADS': '1'},
-                     timeout=1800 if run.startswith('compiled') else 300)[0] # a cold inductor compile took over 300 s on a loaded 2-core machine
+                     # a cold inductor compile took over 300 s on a loaded 2-core machine
+                     timeout=1800 if run.startswith('compiled') else 300)[0]
 
 # %% ../nbs/07_bench.ipynb #ab1b2834
 def model_flops(arch='resnet18', size=64):
@@ -271,7 +284,7 @@ def bench(ms=('single','raw','ddp'), # runs (`mode@n`) or modes, interleaved
           wss=(1,2), # world sizes of the modes given without `@n`
           time_cost:bool=False, # also time the phases of the fastai runs
           **kw): # workload: arch (a torchvision model, 'tabular', 'awd_lstm'), size, bs (global), steps, warmup
-    "Each run's samples/s in each repetition (the runs interleaved), the median phase times of the fastai runs, and what each run all-reduced"
+    "Each run's samples/s in each repetition (runs interleaved), the median phase times of the fastai runs, and what each run all-reduced"
     from fastprogress.fastprogress import progress_bar
     rs = runs(ms, wss)
     sps,phases,comm,first = {k:[] for k in rs},{},{},{}
@@ -283,7 +296,8 @@ def bench(ms=('single','raw','ddp'), # runs (`mode@n`) or modes, interleaved
         if o.get('phases'): phases.setdefault(k, []).append(o['phases'])
         comm[k] = dict(syncs=o['syncs'], bytes_per_sync=o['bytes_per_sync'], ddp=o['ddp'], mem=o.get('mem')) # the same in every repetition
     phases = {k:{p:statistics.median(o[p] for o in v) for p in v[0]} for k,v in phases.items()}
-    return dict(samples_per_s=sps, phases=phases, comm=comm, first_step_s=first, workload=kw, flops_per_sample=model_flops(kw.get('arch','resnet18'), kw.get('size',64)), peak=device_peak('float32'))
+    return dict(samples_per_s=sps, phases=phases, comm=comm, first_step_s=first, workload=kw,
+                flops_per_sample=model_flops(kw.get('arch','resnet18'), kw.get('size',64)), peak=device_peak('float32'))
 
 # %% ../nbs/07_bench.ipynb #2add14d1
 def _pairs(res):
@@ -301,7 +315,8 @@ def _pairs(res):
         if base in res: out.append((k, base, f'{k} / {base} (speed-up; efficiency = /{n})', n))
         if m!='raw' and m!='nosync' and f'raw@{n}' in res: out.append((k, f'raw@{n}', f'{k} / raw@{n} (vs hand-written DDP)', 1))
         if m not in ('ddp','raw','nosync') and f'ddp@{n}' in res: out.append((k, f'ddp@{n}', f'{k} / ddp@{n} (vs fastddp defaults)', 1))
-        if m=='tuned': out += [(k, o, f'{k} / {o} (vs that candidate for the whole run)', 1) for o in res if o.startswith('t_') and o.endswith(f'@{n}')]
+        if m=='tuned': out += [(k, o, f'{k} / {o} (vs that candidate for the whole run)', 1)
+                               for o in res if o.startswith('t_') and o.endswith(f'@{n}')]
         if m!='nosync' and f'nosync@{n}' in res: out.append((k, f'nosync@{n}', f'{k} / nosync@{n} (of the no-communication bound)', 1))
     return out
 
@@ -325,7 +340,8 @@ def step_costs(res, bs:int): # samples/s of each run (`bench(...)['samples_per_s
         m,_,n = k.partition('@')
         if m!='ddp' or f'raw@{n}' not in ms: continue
         out[f"fastddp under DDP: {k} − raw@{n}"] = g = d(k, f'raw@{n}')
-        if 'fastai' in ms and 'raw@1' in ms: out[f"what fastddp adds: ({k} − raw@{n}) − (fastai@1 − raw@1)"] = [a-b for a,b in zip(g, d('fastai', 'raw@1'))]
+        if 'fastai' in ms and 'raw@1' in ms:
+            out[f"what fastddp adds: ({k} − raw@{n}) − (fastai@1 − raw@1)"] = [a-b for a,b in zip(g, d('fastai', 'raw@1'))]
         if f'nosync@{n}' in ms: out[f"communication: raw@{n} − nosync@{n}"] = d(f'raw@{n}', f'nosync@{n}')
     return {k:(statistics.median(v), min(v), max(v)) for k,v in out.items()}
 
@@ -333,35 +349,43 @@ def step_costs(res, bs:int): # samples/s of each run (`bench(...)['samples_per_s
 def _mib(b): return f"{b/2**20:.3f}"
 
 def table(r:dict): # `bench`'s result (or the JSON `--save` wrote)
-    "Markdown tables: samples/s per run, the paired ratios, what each run all-reduced, and the phase times (ms per step, rank 0) where measured"
+    "Markdown tables: samples/s per run, the paired ratios, what each run all-reduced, the phase times (ms per step, rank 0) where measured"
     res,tcs,comm = r['samples_per_s'],r.get('phases'),r.get('comm')
     ls = ["| run | samples/s (median) | runs |", "|---|---|---|"]
     ls += [f"| {m} | {statistics.median(v):.1f} | {', '.join(f'{o:.1f}' for o in v)} |" for m,v in res.items()]
     ls += ["", "| ratio | median | spread | scaling efficiency |", "|---|---|---|---|"]
     ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} | {'' if e is None else f'{e:.2f}'} |" for k,(md,lo,hi,e) in ratios(res).items()]
     if comm and any(o['ddp'] or o['syncs'] for o in comm.values()):
-        ls += ["", "| run | synchronised steps | MiB all-reduced per sync | DDP bucket (MiB) | static_graph | gradient_as_bucket_view |", "|---|---|---|---|---|---|"]
+        ls += ["", "| run | synchronised steps | MiB all-reduced per sync | DDP bucket (MiB) | static_graph | gradient_as_bucket_view |",
+               "|---|---|---|---|---|---|"]
         for k,o in comm.items():
             d = o['ddp'] or {}
-            ls.append(f"| {k} | {'' if o['syncs'] is None else o['syncs']} | {_mib(o['bytes_per_sync'])} | {_mib(d['bucket_bytes_cap']) if d else ''} | {d.get('static_graph', '')} | {d.get('gradient_as_bucket_view', '')} |")
+            ls.append(f"| {k} | {'' if o['syncs'] is None else o['syncs']} | {_mib(o['bytes_per_sync'])} | "
+                      f"{_mib(d['bucket_bytes_cap']) if d else ''} | {d.get('static_graph', '')} | "
+                      f"{d.get('gradient_as_bucket_view', '')} |")
     sc = step_costs(res, r.get('workload', {}).get('bs', 64))
     if sc:
         ls += ["", "| ms per step | median of pairs | spread |", "|---|---|---|"]
         ls += [f"| {k} | {md:.3f} | {lo:.3f} to {hi:.3f} |" for k,(md,lo,hi) in sc.items()]
     mem = {k:o['mem'] for k,o in (comm or {}).items() if o.get('mem')}
     if mem:
-        ls += ["", "| run | MiB per rank: parameters | gradients | optimizer state | peak | vs DDP (parameters + gradients + optimizer) |", "|---|---|---|---|---|---|"]
+        ls += ["", "| run | MiB per rank: parameters | gradients | optimizer state | peak | vs DDP (parameters + gradients + optimizer) |",
+               "|---|---|---|---|---|---|"]
         tot = lambda m: m['params']+m['grads']+m['opt']
         for k,m in mem.items():
             d = mem.get(f"ddp@{k.partition('@')[2]}")
-            ls.append(f"| {k} | {m['params']:.2f} | {m['grads']:.2f} | {m['opt']:.2f} | {m['peak']:.2f} |" if 'peak' in m else f"| {k} | {m['params']:.2f} | {m['grads']:.2f} | {m['opt']:.2f} | |")
+            ls.append(f"| {k} | {m['params']:.2f} | {m['grads']:.2f} | {m['opt']:.2f} | {m['peak']:.2f} |" if 'peak' in m
+                      else f"| {k} | {m['params']:.2f} | {m['grads']:.2f} | {m['opt']:.2f} | |")
             ls[-1] += f" {tot(m)/tot(d):.2f} |" if d and k!=f"ddp@{k.partition('@')[2]}" else " |"
     if r.get('flops_per_sample') is not None or 'peak' in r:
         f = r.get('flops_per_sample')
-        ls += ["", f"| run | MFU (median; model FLOPs {f'{f/1e6:.2f} MFLOPs per sample' if f else 'unknown: no count for the LSTM'}, peak {r['peak']/1e9:.1f} GFLOP/s float32) |", "|---|---|"]
+        ls += ["",
+               f"| run | MFU (median; model FLOPs {f'{f/1e6:.2f} MFLOPs per sample' if f else 'unknown: no count for the LSTM'}, peak "
+               f"{r['peak']/1e9:.1f} GFLOP/s float32) |", "|---|---|"]
         ls += [f"| {k} | {'unknown' if mfu(r, k) is None else f'{mfu(r, k):.3f}'} |" for k in res]
     if r.get('first_step_s'): # the compile falls in the first step; each run is a fresh set of processes (torch's on-disk caches are not)
-        ls += ["", "| run | first step, s (median) | runs |", "|---|---|---|"]+[f"| {k} | {statistics.median(v):.2f} | {', '.join(f'{o:.2f}' for o in v)} |" for k,v in r['first_step_s'].items()]
+        ls += ["", "| run | first step, s (median) | runs |", "|---|---|---|"]+[
+            f"| {k} | {statistics.median(v):.2f} | {', '.join(f'{o:.2f}' for o in v)} |" for k,v in r['first_step_s'].items()]
     if tcs:
         ks = list(tcs)
         ls += ["", "| ms per step (rank 0) | "+" | ".join(ks)+" |", "|---|"+"---|"*len(ks)]
@@ -383,7 +407,8 @@ def chart(r:dict, fname='bench.png'):
         for p in tcs[ks[0]]:
             w = [tcs[k][p] for k in ks]
             ax.barh(ks, w, left=left, label=p); left = [a+b for a,b in zip(left, w)]
-        ax.set(xlabel='ms per step (rank 0)', title='time cost'); ax.invert_yaxis(); ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1, .5))
+        ax.set(xlabel='ms per step (rank 0)', title='time cost'); ax.invert_yaxis()
+        ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1, .5))
     fig.tight_layout()
     if fname: fig.savefig(fname, dpi=100)
     return fig
@@ -423,7 +448,8 @@ def launch_table(res):
     rs = [a/b for a,b in zip(res['fastddp'], res['torchrun'])]
     ls = ["| launcher | seconds to the first batch (median) | runs |", "|---|---|---|"]
     ls += [f"| {k} | {statistics.median(v):.2f} | {', '.join(f'{o:.2f}' for o in v)} |" for k,v in res.items()]
-    return '\n'.join(ls+["", f"fastddp-launch / torchrun --standalone, paired: median {statistics.median(rs):.2f} (spread {min(rs):.2f}-{max(rs):.2f})"])
+    return '\n'.join(ls+["", f"fastddp-launch / torchrun --standalone, paired: median {statistics.median(rs):.2f} "
+                             f"(spread {min(rs):.2f}-{max(rs):.2f})"])
 
 # %% ../nbs/07_bench.ipynb #5272fdc4
 def allreduce_table(r:dict): # `fastddp.allreduce.run_bench`'s result
@@ -433,8 +459,10 @@ def allreduce_table(r:dict): # `fastddp.allreduce.run_bench`'s result
           f"memory copy in one process: {f(r['copy_GBps'])} GB/s", "",
           "| size | time (ms) | algbw GB/s | busbw GB/s | busbw / copy |", "|---|---|---|---|---|"]
     rows = r['rows']+([dict(r['model'], size=r['model']['size'])] if 'model' in r else [])
-    names = [fmt_size(o['size']) for o in r['rows']]+([f"{r['model']['name']}'s gradients, {fmt_size(r['model']['size'])}"] if 'model' in r else [])
-    ls += [f"| {n} | {o['time_s']*1e3:.3f} | {o['algbw_GBps']:.3f} | {o['busbw_GBps']:.3f} | {f(o['of_copy'])} |" for n,o in zip(names, rows)]
+    names = ([fmt_size(o['size']) for o in r['rows']]
+             +([f"{r['model']['name']}'s gradients, {fmt_size(r['model']['size'])}"] if 'model' in r else []))
+    ls += [f"| {n} | {o['time_s']*1e3:.3f} | {o['algbw_GBps']:.3f} | {o['busbw_GBps']:.3f} | {f(o['of_copy'])} |"
+           for n,o in zip(names, rows)]
     return '\n'.join(ls)
 
 # %% ../nbs/07_bench.ipynb #d010776b
@@ -457,7 +485,8 @@ def save_result(fname, # the JSON file to write (its folder is created)
                 **data): # the raw figures
     "Write a benchmark result as JSON, with the machine and the date, for `tools/bench_page.py`"
     from pathlib import Path
-    d = dict(kind=kind, title=title, command=command, machine=machine(), date=datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC'), table=table, **data)
+    d = dict(kind=kind, title=title, command=command, machine=machine(), date=datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+             table=table, **data)
     Path(fname).parent.mkdir(parents=True, exist_ok=True)
     Path(fname).write_text(json.dumps(d, indent=1))
     return d
@@ -465,38 +494,48 @@ def save_result(fname, # the JSON file to write (its folder is created)
 # %% ../nbs/07_bench.ipynb #eb8d3484
 def _what(model, size, bs, steps, warmup, reps, hooks=True):
     "The workload in words"
-    w = dict(tabular='tabular (Adult-shaped TabularModel)', awd_lstm=f'awd_lstm, {size} tokens', mlp='mlp (64-512-512-10, in-memory tensors, SGD with momentum)').get(model, f'{model}, {size}px')
-    return f"{w}, global batch {bs}, {steps} timed steps after {warmup}, 1 thread per process, {reps} interleaved repetitions"+("" if hooks else ", no comm hook on either side")
+    w = dict(tabular='tabular (Adult-shaped TabularModel)', awd_lstm=f'awd_lstm, {size} tokens',
+             mlp='mlp (64-512-512-10, in-memory tensors, SGD with momentum)').get(model, f'{model}, {size}px')
+    return (f"{w}, global batch {bs}, {steps} timed steps after {warmup}, 1 thread per process, {reps} interleaved repetitions"
+            +("" if hooks else ", no comm hook on either side"))
 
 @call_parse
-def main(model:str='resnet18', # workload: a torchvision model on images, 'mlp' (short steps), 'tabular' (Adult-shaped `TabularModel`) or 'awd_lstm' (AWD-LSTM text classifier)
+def main(
+         # workload: a torchvision model on images, 'mlp' (short steps), 'tabular' (Adult-shaped `TabularModel`) or 'awd_lstm'
+         # (AWD-LSTM text classifier)
+         model:str='resnet18',
          size:int=None, # image size (64), or tokens per text for awd_lstm (72); unused for tabular
          bs:int=64, # global batch size
          steps:int=15, # timed steps per run
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
-         modes:str='single,raw,ddp', # modes or runs (`mode@n`): raw nosync fastai single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph one_bucket bucket_5mb pytorch steploss nowatchdog nopreempt preempt8 shard shard_grads tuned t_<candidate>
+         # modes or runs (`mode@n`): raw nosync fastai single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph
+         # one_bucket bucket_5mb pytorch steploss nowatchdog nopreempt preempt8 shard shard_grads tuned t_<candidate>
+         modes:str='single,raw,ddp',
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side
-         no_hooks:bool=False, # no Python comm hook counting the all-reduces, on either side: DDP's own all-reduce (the headline short-step rows)
+         # no Python comm hook counting the all-reduces, on either side: DDP's own all-reduce (the headline short-step rows)
+         no_hooks:bool=False,
          png:str='bench.png', # the chart (empty: none)
          save:str=None, # also write the result as JSON to this file, for `tools/bench_page.py`
          launch:bool=False, # instead: time to the first batch, fastddp-launch vs torchrun
          allreduce:bool=False, # instead: the all-reduce sweep of `fastddp-doctor --bench` on 2 ranks
          max_size:str='256M', # with --allreduce: the largest message (K, M, G: powers of 1024)
          grads:str=None): # with --allreduce: also one all-reduce of this torchvision model's gradients, e.g. resnet34
-    "Benchmark: samples/s of one process, DataParallel, DDP and the raw PyTorch loop on one workload, as paired ratios; what each run sent; phase times; a chart"
+    "Benchmark: samples/s of one process, DataParallel, DDP and a raw PyTorch loop, as paired ratios; what each run sent; phases; a chart"
     cmd = 'python -m fastddp.bench '+shlex.join(sys.argv[1:])
     if launch:
         res,_ = launch_bench(reps)
-        title,t,kind,data = f"seconds from launcher start to the first batch on 2 CPU ranks, {reps} interleaved pairs",launch_table(res),'launch',dict(seconds=res)
+        title,t,kind,data = (f"seconds from launcher start to the first batch on 2 CPU ranks, {reps} interleaved pairs",
+                             launch_table(res),'launch',dict(seconds=res))
     elif allreduce:
         r = run_bench(2, parse_size(max_size), grads)
         title,t,kind,data = "all-reduce bandwidth (fastddp-doctor --bench)",allreduce_table(r),'allreduce',dict(sweep=r)
     else:
         if size is None: size = 72 if model=='awd_lstm' else 64
         wss = [int(o) for o in str(world_sizes).split(',')]
-        r = bench(modes.split(','), reps, wss, not no_time_cost, arch=model, size=size, bs=bs, steps=steps, warmup=warmup, **({'hooks': False} if no_hooks else {}))
+        r = bench(modes.split(','), reps, wss, not no_time_cost, arch=model, size=size, bs=bs, steps=steps, warmup=warmup,
+                  **({'hooks': False} if no_hooks else {}))
         title,t,kind,data = _what(model, size, bs, steps, warmup, reps, not no_hooks),table(r),'bench',r
         if png:
             import matplotlib; matplotlib.use('Agg')

@@ -73,8 +73,10 @@ def load_latest(path):
     fs = checkpoints(path)
     for i,f in enumerate(fs):
         try: return f, torch.load(f/'meta.pth' if f.is_dir() else f, map_location='cpu', weights_only=False)
-        except Exception as e: warn_once(f"checkpoint {f} is unreadable ({type(e).__name__}): "+(f"falling back to {fs[i+1].name}" if i+1<len(fs) else "no older one"))
-    if fs: raise DistribError(f"no checkpoint in {path} can be read ({', '.join(o.name for o in fs)}): delete them, or start over with resume=False")
+        except Exception as e: warn_once(f"checkpoint {f} is unreadable ({type(e).__name__}): "
+                                         +(f"falling back to {fs[i+1].name}" if i+1<len(fs) else "no older one"))
+    if fs: raise DistribError(f"no checkpoint in {path} can be read ({', '.join(o.name for o in fs)}): delete them, or start over "
+                              "with resume=False")
     return None, None
 
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a02
@@ -82,7 +84,8 @@ def _opt_entries(learn):
     "The optimizer's state as `{'fastai.NAME.KEY' or 'torch.NAME.KEY': value}`, and `Lookahead`'s slow weights as 'slow.NAME.w'"
     opt,names = learn.opt,{id(p):k for k,p in learn.model.named_parameters()}
     res = {f'{w}.{names[id(p)]}.{k}': v for w,st in state_dicts(opt) for p,d in st.items() for k,v in d.items()}
-    for ss,ps in zip(getattr(opt, 'slow_weights', None) or [], opt.param_lists): res.update({f'slow.{names[id(p)]}.w': o for o,p in zip(ss, ps)})
+    for ss,ps in zip(getattr(opt, 'slow_weights', None) or [], opt.param_lists):
+        res.update({f'slow.{names[id(p)]}.w': o for o,p in zip(ss, ps)})
     return res
 
 def _hypers(opt):
@@ -100,9 +103,11 @@ def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the sha
         tmp.mkdir(parents=True)
     dist.barrier()
     ent = _opt_entries(learn)
-    dcp.save({'model': learn.model.state_dict(), 'opt': {k:v for k,v in ent.items() if isinstance(v, torch.Tensor)}}, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    dcp.save({'model': learn.model.state_dict(), 'opt': {k:v for k,v in ent.items() if isinstance(v, torch.Tensor)}},
+             storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
     if is_rank0():
-        save_atomic({**meta, 'opt_other': {k:v for k,v in ent.items() if not isinstance(v, torch.Tensor)}, 'hypers': _hypers(learn.opt)}, tmp/'meta.pth')
+        save_atomic({**meta, 'opt_other': {k:v for k,v in ent.items() if not isinstance(v, torch.Tensor)}, 'hypers': _hypers(learn.opt)},
+                    tmp/'meta.pth')
         if fn.exists(): shutil.rmtree(fn) # written before by a run that resumed from an older one
         commit_tmp(tmp, fn)
     dist.barrier() # nobody reads it, or deletes an older one, before it is whole
@@ -144,15 +149,17 @@ class Resume:
     phase:str='training' # 'skip epochs' -> 'replay order' -> 'skip batches' (when `step`) -> 'training'
 
 class Checkpoint(Preempt):
-    "Save a checkpoint every epoch (and every `every` steps) into `path`, and where a signal stops the fit; with `resume='auto'`, continue from the newest"
+    "Checkpoint every epoch (and `every` steps) into `path`, and where a signal stops the fit; `resume='auto'` continues from the newest"
     order,saves = 70,True # after `Recorder` (50) has logged the epoch
     def __init__(self, path='checkpoints', # folder, relative to `learn.path` unless absolute
                  every='epoch', # 'epoch', or a number of training steps
                  resume='auto', # 'auto': continue from the newest checkpoint in `path`; False: start over
                  keep:int=2, # checkpoints to keep
-                 signals=('SIGTERM', 'SIGUSR1'), # signals that checkpoint every rank at one step and exit with code 75 (`fastddp.preempt`); () for none
+                 # signals that checkpoint every rank at one step and exit with code 75 (`fastddp.preempt`); () for none
+                 signals=('SIGTERM', 'SIGUSR1'),
                  check:int=1, # training steps between two checks for a signal (an asynchronous all-reduce)
-                 requeue:bool=True): # under SLURM, after a SIGUSR1 (`sbatch --signal=USR1@T`), requeue the job once that checkpoint is on disk
+                 # under SLURM, after a SIGUSR1 (`sbatch --signal=USR1@T`), requeue the job once that checkpoint is on disk
+                 requeue:bool=True):
         store_attr('path,every,resume,keep,requeue')
         super().__init__(signals, check)
     @property
@@ -165,7 +172,10 @@ class Checkpoint(Preempt):
         f,st = load_latest(self.dir)
         if st is None: return
         if is_sharded(self.learn.model):
-            if st['ws']!=world_size() and st['iter']: raise DistribError(f"{f.name} was written mid-epoch by {st['ws']} rank(s) and this run has {world_size()}: a sharded run resumes at another world size only from an epoch's end (Checkpoint(every='epoch'), or start over with resume=False)")
+            if st['ws']!=world_size() and st['iter']:
+                raise DistribError(f"{f.name} was written mid-epoch by {st['ws']} rank(s) and this run has {world_size()}: a sharded run "
+                                   "resumes at another world size only from an epoch's end (Checkpoint(every='epoch'), or start over with "
+                                   "resume=False)")
             load_sharded(self.learn, f, st)
         else:
             get_model(self.learn.model).load_state_dict(st['model'])
@@ -175,7 +185,8 @@ class Checkpoint(Preempt):
         rng = st['rng'][rank()] if st['ws']==world_size() else st['rng'][0]
         self.last = (st['epoch'], st['iter'], f)
         self.resumed = Resume(st['epoch'], st['iter'], rng, st['dl0'], 'skip epochs')
-        if st['ws']!=world_size(): warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order re-sharded")
+        if st['ws']!=world_size(): warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, "
+                                             "with the data order re-sharded")
         rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
 
     def before_epoch(self):
@@ -231,8 +242,11 @@ class Checkpoint(Preempt):
         if not (self.requeue and jid and is_rank0() and 'SIGUSR1' in self.stop['sig']): return # not on SIGTERM alone: `scancel` sends it
         if os.environ.get('SLURM_ARRAY_JOB_ID'): jid = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         try: r = subprocess.run(['scontrol', 'requeue', jid], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e: return print(f"fastddp: could not requeue SLURM job {jid}: {e}", file=sys.stderr, flush=True)
-        print(f"fastddp: SLURM job {jid} "+("requeued" if r.returncode==0 else f"not requeued: {(r.stderr or r.stdout).strip()} (submit it with --requeue)"), file=sys.stderr, flush=True)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return print(f"fastddp: could not requeue SLURM job {jid}: {e}", file=sys.stderr, flush=True)
+        print(f"fastddp: SLURM job {jid} "+("requeued" if r.returncode==0
+                                            else f"not requeued: {(r.stderr or r.stdout).strip()} (submit it with --requeue)"),
+              file=sys.stderr, flush=True)
     def save_at(self, epoch, it):
         "The checkpoint at `it` steps into `epoch`: the one written or loaded there, or a new one"
         return self.last[2] if self.last and self.last[:2]==(epoch, it) else self._save(epoch, it)

@@ -22,7 +22,8 @@ def check_hook(name, backend=None):
     "Check a communication hook name against the backend, with one clear error"
     if name is None or callable(name): return # a callable is the user's own DDP hook, `hook(state, bucket)`
     if name not in _hook_names: raise DistribError(f"comm_hook {name!r}: expected one of {', '.join(_hook_names)}")
-    if name=='bf16' and 'nccl' not in (backend or default_backend()): raise DistribError("comm_hook 'bf16' needs nccl (GPUs): gloo cannot all-reduce bfloat16; use 'fp16' or 'powersgd'")
+    if name=='bf16' and 'nccl' not in (backend or default_backend()):
+        raise DistribError("comm_hook 'bf16' needs nccl (GPUs): gloo cannot all-reduce bfloat16; use 'fp16' or 'powersgd'")
 
 # %% ../nbs/02_comm.ipynb #b9850174
 _fns = {None: dh.allreduce_hook, 'fp16': dh.fp16_compress_hook, 'bf16': dh.bf16_compress_hook, 'powersgd': psgd.powerSGD_hook}
@@ -66,10 +67,11 @@ def counted_hook(ch:CountedHook, bucket):
     return ch.hook(ch.state, bucket)
 
 def register_hook(tr, stats:CommStats=None): # keep counting into these (a model wrapped again), instead of new ones
-    "Register `tr.comm_hook` (None: DDP's all-reduce; a callable: the user's own hook), counted, on the DDP model of trainer `tr`; the counts go to `tr.learn.comm_stats`"
+    "Register `tr.comm_hook` (None: DDP's all-reduce; a callable: your own) on trainer `tr`'s DDP model, counted in `tr.learn.comm_stats`"
     m,h = tr.learn.model,tr.comm_hook
     check_hook(h, dist.get_backend())
-    state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=tr.powersgd_start) if h=='powersgd' else None
+    state = (psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=tr.powersgd_start)
+             if h=='powersgd' else None)
     tr.learn.comm_stats = stats or CommStats()
     m.register_comm_hook(CountedHook(h if callable(h) else _fns[h], state, tr.learn.comm_stats), counted_hook)
 

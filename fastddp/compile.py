@@ -26,17 +26,22 @@ class CompileError(DistribError):
 # %% ../nbs/02k_compile.ipynb #c32b2906
 _keys = ('backend','mode','dynamic','fullgraph','options','try')
 
-def compile_opts(compile=True): # True, 'try', or a dict of `torch.compile` arguments (`backend`, `mode`, `dynamic`, `fullgraph`, `options`) and `try`
+def compile_opts(
+    compile=True): # True, 'try', or a dict of `torch.compile` arguments (`backend`, `mode`, `dynamic`, `fullgraph`, `options`) and `try`
     "`distrib_ctx`'s `compile=` as a dict of `torch.compile` arguments and `try` (fall back to eager); None for no compile"
     if compile is None or compile is False: return None
     if compile is True or compile=='try': compile = {'try': compile=='try'}
-    if not isinstance(compile, dict): raise DistribError(f"compile={compile!r}: expected True, 'try' or a dict of torch.compile arguments ({', '.join(_keys)})")
+    if not isinstance(compile, dict):
+        raise DistribError(f"compile={compile!r}: expected True, 'try' or a dict of torch.compile arguments ({', '.join(_keys)})")
     bad = set(compile)-set(_keys)
-    if bad: raise DistribError(f"compile: unknown argument{'s'*(len(bad)>1)} {', '.join(sorted(bad))}; torch.compile's are {', '.join(_keys[:-1])}, and 'try' falls back to eager")
+    if bad: raise DistribError(f"compile: unknown argument{'s'*(len(bad)>1)} {', '.join(sorted(bad))}; torch.compile's are "
+                               f"{', '.join(_keys[:-1])}, and 'try' falls back to eager")
     res = {'backend': 'inductor', **{k:v for k,v in compile.items() if k!='try'}, 'try': bool(compile.get('try'))}
-    if res.get('mode') is not None and res.get('options') is not None: raise DistribError("compile: pass mode or options, not both (torch.compile takes one)")
+    if res.get('mode') is not None and res.get('options') is not None:
+        raise DistribError("compile: pass mode or options, not both (torch.compile takes one)")
     be = res['backend']
-    if isinstance(be, str) and be not in torch._dynamo.list_backends(exclude_tags=()): raise DistribError(f"compile: unknown backend {be!r}; dynamo has {', '.join(torch._dynamo.list_backends(exclude_tags=()))}")
+    if isinstance(be, str) and be not in torch._dynamo.list_backends(exclude_tags=()):
+        raise DistribError(f"compile: unknown backend {be!r}; dynamo has {', '.join(torch._dynamo.list_backends(exclude_tags=()))}")
     return res
 
 # %% ../nbs/02k_compile.ipynb #9e822a93
@@ -47,10 +52,13 @@ def from_accelerate(compile, kwargs:dict): # `distrib_ctx`'s other arguments: `d
     if be is not None and plug is not None: raise DistribError("pass dynamo_backend or dynamo_plugin, not both (Accelerate takes one)")
     plug = plug or TorchDynamoPlugin(backend=be.value if isinstance(be, DynamoBackend) else be) # None: `ACCELERATE_DYNAMO_BACKEND`
     if plug.backend==DynamoBackend.NO: return compile
-    if compile not in (None, False): raise DistribError(f"compile= and Accelerate's dynamo_backend={plug.backend.value.lower()!r} both ask to compile: pass compile= alone")
+    if compile not in (None, False):
+        raise DistribError(f"compile= and Accelerate's dynamo_backend={plug.backend.value.lower()!r} both ask to compile: pass compile= "
+                           "alone")
     res = dict(backend=plug.backend.value.lower(), fullgraph=bool(plug.fullgraph), dynamic=plug.dynamic)
     if plug.mode not in (None, 'default'): res['mode'] = plug.mode
-    warn_once(f"Accelerate's dynamo_backend={res['backend']!r} would compile the DDP wrapper; fastddp compiles the model inside it instead, as compile={res!r}")
+    warn_once(f"Accelerate's dynamo_backend={res['backend']!r} would compile the DDP wrapper; fastddp compiles the model inside it "
+              f"instead, as compile={res!r}")
     return res
 
 # %% ../nbs/02k_compile.ipynb #990ca32b
@@ -60,12 +68,15 @@ def check_compiler(opts:dict, # from `compile_opts`
     if opts['backend']!='inductor': return
     if torch.device(device).type=='cuda':
         from torch.utils._triton import has_triton
-        if not has_triton(): raise CompileError("compile: inductor needs Triton to compile for the GPU (pip install triton), or pass compile=dict(backend='aot_eager')")
+        if not has_triton():
+            raise CompileError("compile: inductor needs Triton to compile for the GPU (pip install triton), or pass "
+                               "compile=dict(backend='aot_eager')")
         return
     from torch._inductor.cpp_builder import get_cpp_compiler
     from torch._inductor.exc import InvalidCxxCompiler
     try: get_cpp_compiler()
-    except InvalidCxxCompiler as e: raise CompileError(f"compile: inductor needs a C++ compiler on CPU and found none ({e}); install g++ or set CXX") from e
+    except InvalidCxxCompiler as e:
+        raise CompileError(f"compile: inductor needs a C++ compiler on CPU and found none ({e}); install g++ or set CXX") from e
 
 # %% ../nbs/02k_compile.ipynb #0478a7b6
 def compile_targets(model:nn.Module, # the model, before sharding
@@ -108,7 +119,8 @@ def compile_model(model:nn.Module, # compiled in place
     res = compile_targets(model, units)
     for m in res:
         m.compile(**kw)
-        m._compiled_call_impl = _Guarded(m, m._compiled_call_impl, f"module {names[id(m)]!r}" if names[id(m)] else f"the model ({type(m).__name__})", opts['try'])
+        m._compiled_call_impl = _Guarded(m, m._compiled_call_impl,
+                                         f"module {names[id(m)]!r}" if names[id(m)] else f"the model ({type(m).__name__})", opts['try'])
     return res
 
 def uncompile(mods):
@@ -117,7 +129,7 @@ def uncompile(mods):
 
 # %% ../nbs/02k_compile.ipynb #5726c07f
 class Compile(Callback):
-    "Compile `learn.model` in place at its first fit (under DDP the trainer calls `apply` before wrapping it); mark the batch dimension dynamic"
+    "Compile `learn.model` in place at its first fit (under DDP the trainer calls `apply` before wrapping it); mark the batch dim dynamic"
     order = 10 # before `DistributedTrainer` (11)
     def __init__(self, opts:dict): # from `compile_opts`
         self.opts,self.mods,self.n0 = opts,None,n_compiles()
@@ -168,8 +180,10 @@ def compile_for(learn, m, units=()):
 def no_accel_compile(kwargs:dict): # `Accelerator` arguments
     "`kwargs` with Accelerate's compile off: it would compile the DDP wrapper, fastddp compiles the model inside (`Compile`)"
     if kwargs.get('dynamo_plugin') is not None or str(kwargs.get('dynamo_backend') or 'no').lower()!='no':
-        raise DistribError("dynamo_backend/dynamo_plugin reach Accelerate, which compiles the DDP wrapper: pass compile= to distrib_ctx instead")
-    return {**kwargs, 'dynamo_backend': 'no'} # and `accelerate launch --dynamo_backend` (its environment variable) is `distrib_ctx`'s to read
+        raise DistribError("dynamo_backend/dynamo_plugin reach Accelerate, which compiles the DDP wrapper: pass compile= to distrib_ctx "
+                           "instead")
+    # and `accelerate launch --dynamo_backend` (its environment variable) is `distrib_ctx`'s to read
+    return {**kwargs, 'dynamo_backend': 'no'}
 
 # %% ../nbs/02k_compile.ipynb #a18a7b9f
 _learner_export = Learner.export

@@ -73,7 +73,8 @@ def check_gpu(lr:int=None, # local rank (`LOCAL_RANK` when None)
     lr = local_rank() if lr is None else lr
     n = torch.cuda.device_count() if n is None else n
     vis = os.environ.get('CUDA_VISIBLE_DEVICES')
-    if lr>=n: raise DistribError(f"LOCAL_RANK={lr} needs GPU {lr}, but only {n} GPU(s) are visible"+(f" (CUDA_VISIBLE_DEVICES={vis})" if vis else "")+": start at most one process per GPU")
+    if lr>=n: raise DistribError(f"LOCAL_RANK={lr} needs GPU {lr}, but only {n} GPU(s) are visible"
+                                 +(f" (CUDA_VISIBLE_DEVICES={vis})" if vis else "")+": start at most one process per GPU")
     return lr
 
 # %% ../nbs/00_core.ipynb #29351692
@@ -81,7 +82,8 @@ def check_backend(backend=None):
     "Return `backend` (or the default), with one clear error if this machine cannot run it"
     be = backend or default_backend()
     if be not in ('nccl','gloo','mpi'): raise DistribError(f"backend {be!r}: expected 'nccl' (GPUs) or 'gloo' (CPU)")
-    if be=='nccl' and not has_cuda(): raise DistribError("backend 'nccl' needs a CUDA GPU and this machine has none: use backend='gloo' (or leave it out)")
+    if be=='nccl' and not has_cuda():
+        raise DistribError("backend 'nccl' needs a CUDA GPU and this machine has none: use backend='gloo' (or leave it out)")
     if be=='nccl': check_gpu()
     return be
 
@@ -161,12 +163,15 @@ def pick_iface(master:str, # the master's host name or address
     if iface is None and os.environ.get('GLOO_SOCKET_IFNAME'): return None # the user's choice
     addrs = iface_addrs()
     if iface is not None:
-        if iface not in addrs: raise DistribError(f"--iface {iface}: no such interface with an IPv4 address on this host (it has: {', '.join(sorted(addrs))})")
+        if iface not in addrs:
+            raise DistribError(f"--iface {iface}: no such interface with an IPv4 address on this host (it has: {', '.join(sorted(addrs))})")
         name,src = iface,addrs[iface]
     else:
         name,src = route_iface(master)
         if name is None: return None
-        if src.startswith('127.') and not _loopback(master): raise DistribError(f"master address {master!r} resolves to {src} on this host, a loopback address the other hosts cannot reach: give the master's address on the network between the hosts (or set GLOO_SOCKET_IFNAME)")
+        if src.startswith('127.') and not _loopback(master):
+            raise DistribError(f"master address {master!r} resolves to {src} on this host, a loopback address the other hosts cannot "
+                               "reach: give the master's address on the network between the hosts (or set GLOO_SOCKET_IFNAME)")
     os.environ['GLOO_SOCKET_IFNAME'] = name
     if not os.environ.get('NCCL_SOCKET_IFNAME'): os.environ['NCCL_SOCKET_IFNAME'] = name
     return f"network interface {name} ({src}), which reaches the master {master}"
@@ -198,12 +203,14 @@ def use_slurm():
         n = int(os.environ.get('SLURM_NTASKS') or 1)
         if n>1 and 'RANK' not in os.environ and 'SLURM_STEP_NUM_TASKS' not in os.environ and not _said:
             _said.append(1)
-            print(f"fastddp: this SLURM job has {n} tasks, but this process was not started by srun: training as one process (start it with `srun python ...`, or with a launcher)", file=sys.stderr, flush=True)
+            print(f"fastddp: this SLURM job has {n} tasks, but this process was not started by srun: training as one process (start it "
+                  "with `srun python ...`, or with a launcher)", file=sys.stderr, flush=True)
         return None
     os.environ.update(e)
     if e['RANK']=='0' and not _said:
         _said.append(1)
-        print(f"fastddp: srun step without a launcher: {e['WORLD_SIZE']} ranks, {e['LOCAL_WORLD_SIZE']} on this node, master {e['MASTER_ADDR']}:{e['MASTER_PORT']}", file=sys.stderr, flush=True)
+        print(f"fastddp: srun step without a launcher: {e['WORLD_SIZE']} ranks, {e['LOCAL_WORLD_SIZE']} on this node, master "
+              f"{e['MASTER_ADDR']}:{e['MASTER_PORT']}", file=sys.stderr, flush=True)
     return e
 _said = []
 

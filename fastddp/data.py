@@ -146,23 +146,29 @@ def _adult_df(n, seed):
     edu_n = np.array([_EDU[o][0] for o in edu], dtype=float)
     age = (17+rng.gamma(2.5, 8.5, n)).clip(17, 90).astype(int) # skewed right, mean 38, as in the census
     sex = _pick(rng, n, ['Male','Female'], [67,33])
-    mar = _pick(rng, n, ['Married-civ-spouse','Never-married','Divorced','Separated','Widowed','Married-spouse-absent','Married-AF-spouse'], [46,33,14,3,3,1,.1])
+    mar = _pick(rng, n, ['Married-civ-spouse','Never-married','Divorced','Separated','Widowed','Married-spouse-absent','Married-AF-spouse'],
+                [46,33,14,3,3,1,.1])
     married = mar=='Married-civ-spouse'
-    rel = np.where(married, np.where(sex=='Male', 'Husband', 'Wife'), _pick(rng, n, ['Not-in-family','Own-child','Unmarried','Other-relative'], [45,28,19,6]))
+    rel = np.where(married, np.where(sex=='Male', 'Husband', 'Wife'),
+                   _pick(rng, n, ['Not-in-family','Own-child','Unmarried','Other-relative'], [45,28,19,6]))
     hours = rng.normal(40, 12, n).clip(1, 99).round().astype(int)
     gain = np.where(rng.random(n)<.08, rng.choice([2174,3103,5178,7298,7688,15024,99999], n), 0)
     loss = np.where(rng.random(n)<.05, rng.choice([1485,1602,1740,1887,1902,1977,2415], n), 0)
     z = -8.9+0.04*age.clip(max=60)+0.38*edu_n+0.03*hours+2.0*married+2.5*(gain>5000) # roughly 25% >=50k, as in the census
     salary = np.where(rng.random(n)<1/(1+np.exp(-z)), '>=50k', '<50k')
     occ = _pick(rng, n, ['Prof-specialty','Craft-repair','Exec-managerial','Adm-clerical','Sales','Other-service','Machine-op-inspct',
-                         'Transport-moving','Handlers-cleaners','Farming-fishing','Tech-support','Protective-serv','Priv-house-serv','Armed-Forces', '?'],
+                         'Transport-moving','Handlers-cleaners','Farming-fishing','Tech-support','Protective-serv','Priv-house-serv',
+                         'Armed-Forces', '?'],
                 [13,13,13,12,11,10,6,5,4,3,3,2,.5,.1,5])
     df = pd.DataFrame({'age':age,
-        'workclass':_pick(rng, n, ['Private','Self-emp-not-inc','Local-gov','State-gov','Self-emp-inc','Federal-gov','Without-pay','?'], [70,8,6,4,3,3,.1,5.6]),
+        'workclass':_pick(rng, n, ['Private','Self-emp-not-inc','Local-gov','State-gov','Self-emp-inc','Federal-gov','Without-pay','?'],
+                          [70,8,6,4,3,3,.1,5.6]),
         'fnlwgt':rng.lognormal(12, 0.5, n).clip(12285, 1484705).astype(int), 'education':edu, 'education-num':edu_n, 'marital-status':mar,
-        'occupation':occ, 'relationship':rel, 'race':_pick(rng, n, ['White','Black','Asian-Pac-Islander','Amer-Indian-Eskimo','Other'], [85,10,3,1,1]),
+        'occupation':occ, 'relationship':rel,
+        'race':_pick(rng, n, ['White','Black','Asian-Pac-Islander','Amer-Indian-Eskimo','Other'], [85,10,3,1,1]),
         'sex':sex, 'capital-gain':gain, 'capital-loss':loss, 'hours-per-week':hours,
-        'native-country':_pick(rng, n, ['United-States','Mexico','?','Philippines','Germany','Canada','India','England'], [90,2,2,.6,.4,.4,.3,.3])})
+        'native-country':_pick(rng, n, ['United-States','Mexico','?','Philippines','Germany','Canada','India','England'],
+                               [90,2,2,.6,.4,.4,.3,.3])})
     for c in _ADULT_CATS: df[c] = ' '+df[c] # the UCI file puts a space after each comma
     m = max(1, round(n*0.015)) # about 1.5% missing in each, as in fastai's sample
     df.loc[rng.choice(n, m, replace=False), 'education-num'] = np.nan
@@ -181,7 +187,8 @@ def make_adult(path, # folder in which `adult_sample` is made
 _LAYOUTS = dict(pets=('oxford-iiit-pet', 'images/*.jpg', 'the Oxford-IIIT Pet layout (oxford-iiit-pet/images/<Breed>_<n>.jpg)'),
                 imdb_sample=('imdb_sample', 'texts.csv', 'the IMDB sample layout (imdb_sample/texts.csv with columns label,text,is_valid)'),
                 imdb=('imdb', '{train,test}/{pos,neg}/*.txt', 'the IMDB layout (imdb/{train,test}/{pos,neg}/<id>_<rating>.txt)'),
-                adult=('adult_sample', 'adult.csv', 'the Adult sample layout (adult_sample/adult.csv with columns '+','.join(ADULT_COLS)+')'))
+                adult=('adult_sample', 'adult.csv',
+                       'the Adult sample layout (adult_sample/adult.csv with columns '+','.join(ADULT_COLS)+')'))
 
 def _header(fn): 
     with open(fn, encoding='utf8') as f: return f.readline().strip()

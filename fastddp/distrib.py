@@ -85,16 +85,21 @@ def __init__(self:DistributedTrainer,
         powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
         step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
-        shard:bool|str=False, # shard parameters, gradients and optimizer state with FSDP2 (ZeRO-3); 'grads': keep the weights gathered from forward to backward (ZeRO-2)
+        # shard parameters, gradients and optimizer state with FSDP2 (ZeRO-3); 'grads': keep the weights gathered from forward to backward
+        # (ZeRO-2)
+        shard:bool|str=False,
         shard_modules:list=None, # names of the blocks to shard as units (`learn.model.named_modules()`); None: chosen by size
         shard_min:int=1_000_000, # smallest number of parameters of an automatic unit
         shard_offload:bool=False, # keep the shards in CPU memory between uses (FSDP2's CPU offload; GPU only)
-        tune=False, # True: the first steps measure the fixed set of exact DDP settings and the run trains on with the fastest (`fastddp.tune`); 'lossy': also hooks and accumulation that change the numbers
+        # True: the first steps measure the fixed set of exact DDP settings and the run trains on with the fastest (`fastddp.tune`);
+        # 'lossy': also hooks and accumulation that change the numbers
+        tune=False,
         tune_file:str=None, # JSON file of tuning decisions: applied without measuring when it holds one for this model, written otherwise
         tune_candidates:list=None, # your own candidates (dicts of DDP options, `comm_hook`, `accum`, `name`) instead of the fixed set
         tune_accum:int=None, # with tune='lossy': also try accumulating this many batches per optimizer step
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
-    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,shard,shard_modules,shard_min,shard_offload,tune,tune_file,tune_candidates,tune_accum')
+    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,shard,shard_modules,shard_min,shard_offload,'
+               'tune,tune_file,tune_candidates,tune_accum')
     self.sharded = None # the `Sharded` state, from the first fit to the end of the context
     check_args(**{k:v for k,v in locals().items() if k not in ('self','kwargs')}, **kwargs)
     be = check_backend(backend)
@@ -102,8 +107,8 @@ def __init__(self:DistributedTrainer,
     if be=='gloo':
         kwargs.setdefault('cpu', True)
         # One bucket: on CPU the all-reduce and backward share the cores, so overlapping them in 25 MB buckets gains
-        # nothing (`python -m fastddp.bench --modes ddp,one_bucket,bucket_5mb` measures it). torch's PowerSGD hook also needs one bucket on gloo:
-        # with several, the ranks issued its all-reduces in different orders ("Received data size doesn't match")
+        # nothing (`python -m fastddp.bench --modes ddp,one_bucket,bucket_5mb` measures it). torch's PowerSGD hook also needs one
+        # bucket on gloo: with several, the ranks issued its all-reduces in different orders ("Received data size doesn't match")
         kwargs.setdefault('bucket_cap_mb', 1024)
     self.accelerator = Accelerator(**ddp_kwargs(no_accel_compile(kwargs))) # `compile=`: fastddp compiles inside DDP, never Accelerate
 
@@ -127,15 +132,19 @@ def check_args(model=None, # the model, to check `shard_modules` against
     if get('tune', False) not in (False, True, 'lossy'): raise DistribError(f"tune={get('tune')!r}: expected True, False or 'lossy'")
     if get('tune_accum') is not None and not _is_int(get('tune_accum'), 2):
         raise DistribError(f"tune_accum={get('tune_accum')!r}: expected a number of batches, 2 or more")
-    if not _is_int(get('shard_min', 1), 1): raise DistribError(f"shard_min={get('shard_min')!r}: expected a number of parameters, 1 or more")
-    if not _is_int(get('powersgd_start', 0), 0): raise DistribError(f"powersgd_start={get('powersgd_start')!r}: expected a number of steps, 0 or more")
+    if not _is_int(get('shard_min', 1), 1):
+        raise DistribError(f"shard_min={get('shard_min')!r}: expected a number of parameters, 1 or more")
+    if not _is_int(get('powersgd_start', 0), 0):
+        raise DistribError(f"powersgd_start={get('powersgd_start')!r}: expected a number of steps, 0 or more")
     b = get('bucket_cap_mb', 1)
-    if not (isinstance(b, (int,float)) and not isinstance(b, bool) and b>0): raise DistribError(f"bucket_cap_mb={b!r}: expected a size in MiB, above 0")
+    if not (isinstance(b, (int,float)) and not isinstance(b, bool) and b>0):
+        raise DistribError(f"bucket_cap_mb={b!r}: expected a size in MiB, above 0")
     be = check_backend(get('backend'))
     check_hook(get('comm_hook'), be)
     names = set(n for n,_ in model.named_modules()) if model is not None else None
     bad = [o for o in get('shard_modules') or [] if names is not None and o not in names]
-    if bad: raise DistribError(f"shard_modules: no module named {', '.join(map(repr, bad))} in this model (see `learn.model.named_modules()`)")
+    if bad:
+        raise DistribError(f"shard_modules: no module named {', '.join(map(repr, bad))} in this model (see `learn.model.named_modules()`)")
 
 
 # %% ../nbs/03_distrib.ipynb #6b4d417b
@@ -165,7 +174,9 @@ def _wrap_dl(self:DistributedTrainer, dl, cls=DistributedDL):
     "Shard `dl` across ranks with `cls` (over a stream: `StreamDL` or `StreamExactDL`), its batches on this rank's device"
     if is_stream(dl):
         # a sharded forward is a collective: validation would need the flag too, which `StreamExactDL` does not take yet
-        if self.shard and issubclass(cls, ExactDL): raise DistribError("validation over a stream with shard=True is not supported yet: validate on a map-style loader (a list or a Dataset with __getitem__)")
+        if self.shard and issubclass(cls, ExactDL):
+            raise DistribError("validation over a stream with shard=True is not supported yet: validate on a map-style loader (a list or a "
+                               "Dataset with __getitem__)")
         return stream_dl(dl, exact=issubclass(cls, ExactDL), device=self.accelerator.device)
     return dl if isinstance(dl, DistributedDL) else cls(dl, device=self.accelerator.device)
 
@@ -181,7 +192,9 @@ def before_fit(self:DistributedTrainer):
     m = self.model
     if self._use_sync_bn():
         try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
-        except Exception as e: raise DistribError(f"sync_bn: this model's BatchNorm layers cannot become SyncBatchNorm ({type(e).__name__}: {e}); pass sync_bn=False to distrib_ctx") from e
+        except Exception as e:
+            raise DistribError(f"sync_bn: this model's BatchNorm layers cannot become SyncBatchNorm ({type(e).__name__}: {e}); pass "
+                               "sync_bn=False to distrib_ctx") from e
     self.learn.model = self._shard(m) if self.shard else self.accelerator.prepare(compile_for(self.learn, m)) # compiled inside DDP
     self._share_workers()
     self.old_dls = list(self.dls)
@@ -195,15 +208,18 @@ def before_fit(self:DistributedTrainer):
 @patch
 def _shard(self:DistributedTrainer, m):
     "Shard `m` with FSDP2 on the first fit of the context; later fits keep the shards and the optimizer on them"
-    if any(isinstance(o, ParallelTrainer) for o in self.learn.cbs): raise DistribError("DataParallel and sharding do not mix: use distrib_ctx(shard=True) alone (one process per device)")
+    if any(isinstance(o, ParallelTrainer) for o in self.learn.cbs):
+        raise DistribError("DataParallel and sharding do not mix: use distrib_ctx(shard=True) alone (one process per device)")
     if self.sharded is None:
         off = self.shard_offload and self.accelerator.device.type=='cuda'
-        if self.shard_offload and not off: warn_once("shard_offload keeps the shards in CPU memory between uses of a GPU: on CPU it changes nothing, ignored")
+        if self.shard_offload and not off:
+            warn_once("shard_offload keeps the shards in CPU memory between uses of a GPU: on CPU it changes nothing, ignored")
         self.learn.model = m.to(self.accelerator.device)
         units = auto_units(m, self.shard_min) if self.shard_modules is None else list(self.shard_modules)
         compile_for(self.learn, m, units) # `compile=`: each unit on its own, before `fully_shard` (as torchtitan)
         self.sharded = Sharded(self.learn, units, self.shard_min, reshard=self.shard!='grads', mp_policy=self._mp_policy(), offload=off)
-        rank0_print(f"fastddp: sharded over {world_size()} ranks in {len(self.sharded.units)+1} units ({'ZeRO-2' if self.shard=='grads' else 'ZeRO-3'})")
+        rank0_print(f"fastddp: sharded over {world_size()} ranks in {len(self.sharded.units)+1} units "
+                    f"({'ZeRO-2' if self.shard=='grads' else 'ZeRO-3'})")
     return self.learn.model
 
 # %% ../nbs/03_distrib.ipynb #5a1d0c0f
@@ -230,7 +246,8 @@ _tfmd_init,_tfmd_new = TfmdDL.__init__,TfmdDL.new
 @wraps(_tfmd_init) # fastai's signature, for `delegates` and the docs
 def __init__(self, *args, **kwargs):
     _tfmd_init(self, *args, **kwargs)
-    self.default_workers = len(args)<4 and kwargs.get('num_workers') is None # `num_workers` is the 4th argument: (dataset, bs, shuffle, num_workers)
+    # `num_workers` is the 4th argument: (dataset, bs, shuffle, num_workers)
+    self.default_workers = len(args)<4 and kwargs.get('num_workers') is None
 
 @patch_to(TfmdDL)
 @wraps(_tfmd_new)
@@ -241,13 +258,13 @@ def new(self, dataset=None, cls=None, **kwargs):
 
 # %% ../nbs/03_distrib.ipynb #a7c10005
 def _left_default(dl):
-    "Was `dl`'s worker count left at fastai's default? Loaders made before fastddp's patches loaded carry no note: fastai's default count stands for it"
+    "Was `dl`'s worker count left at fastai's default? (a loader made before fastddp's patches has no note: fastai's default count stands)"
     if 'default_workers' in dl.__dict__: return dl.default_workers
     return isinstance(dl, TfmdDL) and dl.fake_l.num_workers==min(16, defaults.cpus)
 
 @patch
 def _share_workers(self:DistributedTrainer):
-    "Give each loader left at fastai's default worker count this rank's share of the CPUs; warn once about a chosen count that oversubscribes them"
+    "Give each loader left at fastai's default worker count this rank's share of the CPUs; warn once of a chosen count that oversubscribes"
     self.old_workers = [] # (loader, its count) to restore after the fit
     n,nproc,w = cpus()[0],int(os.environ.get('LOCAL_WORLD_SIZE') or 1),n_workers()
     for dl in self.dls.loaders:
@@ -255,11 +272,13 @@ def _share_workers(self:DistributedTrainer):
         if fl is None or isinstance(dl, DistributedDL): continue
         if _left_default(dl):
             if fl.num_workers==w: continue
-            warn_once(f"DataLoader workers: {w} per rank instead of fastai's default {fl.num_workers} ({nproc} ranks share {n} CPUs); pass num_workers= to choose")
+            warn_once(f"DataLoader workers: {w} per rank instead of fastai's default {fl.num_workers} ({nproc} ranks share {n} CPUs); "
+                      "pass num_workers= to choose")
             self.old_workers.append((fl, fl.num_workers))
             fl.num_workers = w
         elif nproc*(1+fl.num_workers)>n:
-            warn_once(f"num_workers={fl.num_workers}: {nproc} ranks × (1 + {fl.num_workers} workers) = {nproc*(1+fl.num_workers)} processes on {n} CPUs, which slows every rank; num_workers={w} fits (or leave num_workers out)")
+            warn_once(f"num_workers={fl.num_workers}: {nproc} ranks × (1 + {fl.num_workers} workers) = {nproc*(1+fl.num_workers)} "
+                      f"processes on {n} CPUs, which slows every rank; num_workers={w} fits (or leave num_workers out)")
 
 @patch
 def _restore_workers(self:DistributedTrainer):
@@ -367,8 +386,11 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
 @patch
 @contextmanager
 @delegates(DistributedTrainer.__init__)
-def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
-        compile=None, # `torch.compile` the model in place: True, 'try' (eager when it cannot) or a dict (`backend`, `mode`, `dynamic`, ...); see `fastddp.compile`
+def distrib_ctx(self:Learner, sync_bn:bool=None,
+        in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
+        # `torch.compile` the model in place: True, 'try' (eager when it cannot) or a dict (`backend`, `mode`, `dynamic`, ...); see
+        # `fastddp.compile`
+        compile=None,
         **kwargs):
     "Train data-parallel inside the context when a launcher started this process; as one process otherwise"
     # `sync_bn`'s doc comes from `DistributedTrainer` (docments reads the comment of the last name on a line)
@@ -389,7 +411,9 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
         ok = True
     except RuntimeError as e:
         # DDP's own message is a paragraph; the one thing to do is to pass the option through `distrib_ctx`
-        if 'find_unused_parameters' in str(e): raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): pass find_unused_parameters=True to distrib_ctx") from e
+        if 'find_unused_parameters' in str(e):
+            raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): "
+                               "pass find_unused_parameters=True to distrib_ctx") from e
         raise
     finally:
         self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective

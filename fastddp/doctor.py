@@ -59,7 +59,10 @@ def packages_check(v:dict): # from `versions`
 def python_check(v:str): # `platform.python_version()`
     "Warn on a Python whose forked DataLoader workers can deadlock under DDP (CPython gh-112275)"
     t = tuple(int(o) for o in re.findall(r'\d+', v)[:3])
-    if t<(3,10,15) or (3,11)<=t<(3,11,8): return chk('python', v, False, f"Python {v} can deadlock a DataLoader worker as it forks (CPython gh-112275): use Python 3.11.8 or later, or num_workers=0", warn=True)
+    if t<(3,10,15) or (3,11)<=t<(3,11,8):
+        return chk('python', v, False,
+                   f"Python {v} can deadlock a DataLoader worker as it forks (CPython gh-112275): use Python 3.11.8 or later, "
+                   "or num_workers=0", warn=True)
     return chk('python', v)
 
 # %% ../nbs/06_doctor.ipynb #7bd5eba4
@@ -71,8 +74,10 @@ def backends():
 
 def backend_check(b:dict): # from `backends`
     "The backend fastddp would choose must be built into torch"
-    if b['default'] is None: return chk('backend', "torch.distributed is not built into this torch", False, "install a torch build from pytorch.org (Linux wheels have gloo and nccl)")
-    if not b[b['default']]: return chk('backend', f"{b['default']} is not built into this torch", False, f"install a torch build with {b['default']} from pytorch.org")
+    if b['default'] is None: return chk('backend', "torch.distributed is not built into this torch", False,
+                                        "install a torch build from pytorch.org (Linux wheels have gloo and nccl)")
+    if not b[b['default']]: return chk('backend', f"{b['default']} is not built into this torch", False,
+                                       f"install a torch build with {b['default']} from pytorch.org")
     return chk('backend', f"{b['default']}")
 
 # %% ../nbs/06_doctor.ipynb #08de8034
@@ -85,15 +90,18 @@ def half_precision():
 def precision_check(h:dict): # from `half_precision`
     "Does `to_fp16()`/`to_bf16()` compute in half precision here, and is that fast?"
     nm = 'precision'
-    if h['gpu']: return chk(nm, "GPU: float16 and bfloat16") if h['bf16'] else chk(nm, "GPU: float16 only", False, "use learn.to_fp16(): to_bf16() stops with 'Unsupported GPU' on this GPU", warn=True)
+    if h['gpu']: return chk(nm, "GPU: float16 and bfloat16") if h['bf16'] else chk(
+        nm, "GPU: float16 only", False, "use learn.to_fp16(): to_bf16() stops with 'Unsupported GPU' on this GPU", warn=True)
     ds = ('float16','bfloat16')
     v = "CPU autocast takes "+', '.join(f"{d} {h[d]:.1f}x" for d in ds)+" float32's time"
     slow = [d for d in ds if h[d]>h['max_ratio']]
-    if h['force']=='1' and slow: return chk(nm, v+"; FASTDDP_CPU_HALF=1 forces it", False, f"unset FASTDDP_CPU_HALF: {' and '.join(slow)} is emulated on this CPU", warn=True)
+    if h['force']=='1' and slow: return chk(nm, v+"; FASTDDP_CPU_HALF=1 forces it", False,
+                                            f"unset FASTDDP_CPU_HALF: {' and '.join(slow)} is emulated on this CPU", warn=True)
     if h['force']=='0': return chk(nm, v+"; FASTDDP_CPU_HALF=0: float32")
     if not slow: return chk(nm, v+": to_fp16()/to_bf16() use it")
     return chk(nm, v+f": to_fp16()/to_bf16() train in float32 where it is slow ({', '.join(slow)})", False,
-               "nothing to change, fastddp falls back to float32; for fast half precision use a GPU or a CPU with AMX or AVX512-BF16/FP16 (FASTDDP_CPU_HALF=1 forces it)", warn=True)
+               "nothing to change, fastddp falls back to float32; for fast half precision use a GPU or a CPU with AMX or AVX512-BF16/FP16 "
+               "(FASTDDP_CPU_HALF=1 forces it)", warn=True)
 
 # %% ../nbs/06_doctor.ipynb #38a595e6
 def gpus():
@@ -101,7 +109,8 @@ def gpus():
     if not has_cuda(): return []
     import torch
     ps = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-    return [dict(index=i, name=p.name, memory_gib=round(p.total_memory/2**30, 1), capability=f"{p.major}.{p.minor}") for i,p in enumerate(ps)]
+    return [dict(index=i, name=p.name, memory_gib=round(p.total_memory/2**30, 1), capability=f"{p.major}.{p.minor}")
+            for i,p in enumerate(ps)]
 
 def peer_access():
     "For each pair of GPUs 'i-j': can each reach the other's memory directly?"
@@ -121,7 +130,8 @@ def gpu_check(gs:list, # from `gpus`
               nproc:int): # ranks planned on this machine
     "nccl runs one rank per GPU"
     if not gs: return chk('gpus', f"no GPU: fastddp runs {nproc} CPU processes on gloo")
-    if nproc>len(gs): return chk('gpus', f"{nproc} ranks planned, {len(gs)} GPU(s) visible", False, f"nccl needs one GPU per rank: use --nproc {len(gs)} (or make more GPUs visible in CUDA_VISIBLE_DEVICES)")
+    if nproc>len(gs): return chk('gpus', f"{nproc} ranks planned, {len(gs)} GPU(s) visible", False,
+                                 f"nccl needs one GPU per rank: use --nproc {len(gs)} (or make more GPUs visible in CUDA_VISIBLE_DEVICES)")
     return chk('gpus', f"{len(gs)} GPU(s): "+', '.join(f"{o['name']} {o['memory_gib']} GiB" for o in gs))
 
 def peer_check(pa:dict): # from `peer_access`
@@ -130,7 +140,8 @@ def peer_check(pa:dict): # from `peer_access`
     no = [k for k,v in pa.items() if not v]
     if not no: return chk('peer access', f"every pair of the {len(pa)} GPU pairs")
     return chk('peer access', f"no peer access between GPUs {', '.join(no)}", False,
-               "DDP/DataParallel will copy through host memory: see `nvidia-smi topo -m`; in a VM or container enable GPU P2P (ACS/IOMMU off), or use GPUs that share a switch", warn=True)
+               "DDP/DataParallel will copy through host memory: see `nvidia-smi topo -m`; in a VM or container enable GPU P2P (ACS/IOMMU "
+               "off), or use GPUs that share a switch", warn=True)
 
 # %% ../nbs/06_doctor.ipynb #264d9148
 _dist_vars = ('MASTER_ADDR','MASTER_PORT','WORLD_SIZE','RANK','LOCAL_RANK','CUDA_VISIBLE_DEVICES')
@@ -143,7 +154,8 @@ def env_check(e:dict): # from `dist_env`
     "Warn about a world size left in the shell, outside any launcher (launchers set it with MASTER_ADDR)"
     ws = e.get('WORLD_SIZE')
     if ws and ws!='1' and 'MASTER_ADDR' not in e:
-        return chk('variables', f"WORLD_SIZE={ws} is set without MASTER_ADDR", False, "unset WORLD_SIZE and RANK: launchers set them for each rank, and `python train.py` would wait for peers", warn=True)
+        return chk('variables', f"WORLD_SIZE={ws} is set without MASTER_ADDR", False,
+                   "unset WORLD_SIZE and RANK: launchers set them for each rank, and `python train.py` would wait for peers", warn=True)
     return chk('variables', f"{len(e)} set" if e else "none set")
 
 # %% ../nbs/06_doctor.ipynb #394dfd36
@@ -155,15 +167,19 @@ def _is_local(addr):
 def port_check(e:dict): # from `dist_env`
     "Is the rendezvous port free, when this machine is the master?"
     addr,p = e.get('MASTER_ADDR'),e.get('MASTER_PORT')
-    if p is not None and not (p.isdigit() and 0<int(p)<65536): return chk('master port', f"MASTER_PORT={p!r} is not a port", False, "set MASTER_PORT to a number from 1024 to 65535, or unset it")
+    if p is not None and not (p.isdigit() and 0<int(p)<65536):
+        return chk('master port', f"MASTER_PORT={p!r} is not a port", False, "set MASTER_PORT to a number from 1024 to 65535, or unset it")
     port = int(p or 29500)
     if addr:
         try: socket.getaddrinfo(addr, port)
-        except OSError: return chk('master port', f"MASTER_ADDR={addr} does not resolve", False, f"set MASTER_ADDR to the address of the node with rank 0, or unset it on a single machine")
+        except OSError: return chk('master port', f"MASTER_ADDR={addr} does not resolve", False,
+                                   f"set MASTER_ADDR to the address of the node with rank 0, or unset it on a single machine")
         if not _is_local(addr): return chk('master port', f"{addr}:{port} is another machine: run fastddp-doctor there to check its port")
     if port_free(port, ''): return chk('master port', f"{port} is free"+("" if p else " (MASTER_PORT unset: torchrun's default)"))
-    if p: return chk('master port', f"MASTER_PORT {port} is busy", False, f"MASTER_PORT {port} is busy: pick another port or leave it unset for fastddp-launch")
-    return chk('master port', "29500 (torchrun's and accelerate's default) is busy", False, "port 29500 is busy: fastddp-launch picks a free port; give torchrun --master-port or --standalone", warn=True)
+    if p: return chk('master port', f"MASTER_PORT {port} is busy", False,
+                     f"MASTER_PORT {port} is busy: pick another port or leave it unset for fastddp-launch")
+    return chk('master port', "29500 (torchrun's and accelerate's default) is busy", False,
+               "port 29500 is busy: fastddp-launch picks a free port; give torchrun --master-port or --standalone", warn=True)
 
 # %% ../nbs/06_doctor.ipynb #f9f4fe4b
 _shm_worker,_shm_nccl = 2**28,2**30
@@ -178,7 +194,8 @@ def shm_check(free:int, # bytes free in /dev/shm (None: there is none)
     v = f"{fmt_size(free)} free, {nproc} ranks × {workers} workers{' + NCCL' if nccl else ''} need ~{fmt_size(need)}"
     if free>=need: return chk('shm', v)
     g = 2**math.ceil(math.log2(max(need, 2**30)/2**30)) # a round size in GiB, with room
-    return chk('shm', v, False, f"shm is {fmt_size(free)}: start the container with --shm-size={2*g}g"+(" or set num_workers=0" if workers else ""))
+    return chk('shm', v, False,
+               f"shm is {fmt_size(free)}: start the container with --shm-size={2*g}g"+(" or set num_workers=0" if workers else ""))
 
 # %% ../nbs/06_doctor.ipynb #71eb5def
 def cpu_check(n:int, # CPUs usable
@@ -188,11 +205,15 @@ def cpu_check(n:int, # CPUs usable
     w = rank_workers(n, nproc)
     if workers is None:
         if nproc>n: return chk('cpus', f"{nproc} ranks on {n} CPUs", False, f"more ranks than CPUs: use --nproc {n}", warn=True)
-        return chk('cpus', f"{nproc} ranks × (1 + {w} workers) = {nproc*(1+w)} processes on {n} CPUs: DataLoaders left at fastai's default get {w} workers per rank inside distrib_ctx")
+        return chk('cpus',
+                   f"{nproc} ranks × (1 + {w} workers) = {nproc*(1+w)} processes on {n} CPUs: DataLoaders left at fastai's default "
+                   f"get {w} workers per rank inside distrib_ctx")
     v = f"{nproc} ranks × (1 + {workers} workers) = {nproc*(1+workers)} processes on {n} CPUs"
     if nproc*(1+workers)<=n: return chk('cpus', v)
     if nproc>n: return chk('cpus', v, False, f"more ranks than CPUs: use --nproc {n} (and num_workers=0)", warn=True)
-    return chk('cpus', v, False, f"num_workers={workers} oversubscribes the CPUs: use num_workers={w}, or leave num_workers out (distrib_ctx then gives each rank {w})", warn=True)
+    return chk('cpus', v, False,
+               f"num_workers={workers} oversubscribes the CPUs: use num_workers={w}, or leave num_workers out (distrib_ctx then gives each "
+               f"rank {w})", warn=True)
 
 # %% ../nbs/06_doctor.ipynb #e168e8f0
 def host_check():
@@ -213,7 +234,9 @@ def slurm_check(env=None): # the environment (`os.environ` when None)
     if e is None: return chk('slurm', f"job {env['SLURM_JOB_ID']}, not inside an srun step of several tasks (or a launcher set RANK)")
     try: name,src = route_iface(e['MASTER_ADDR'])
     except DistribError as err: return chk('slurm', str(err), False, "check the step's node list and the network between its nodes")
-    return chk('slurm', f"srun step: rank {e['RANK']} of {e['WORLD_SIZE']} ({e['LOCAL_WORLD_SIZE']} on this node), master {e['MASTER_ADDR']}:{e['MASTER_PORT']}, interface {name} ({src})")
+    return chk('slurm',
+               f"srun step: rank {e['RANK']} of {e['WORLD_SIZE']} ({e['LOCAL_WORLD_SIZE']} on this node), master "
+               f"{e['MASTER_ADDR']}:{e['MASTER_PORT']}, interface {name} ({src})")
 
 # %% ../nbs/06_doctor.ipynb #396a5d65
 def reach_check(peer:str): # 'HOST:PORT', such as the master's rendezvous address
@@ -221,13 +244,17 @@ def reach_check(peer:str): # 'HOST:PORT', such as the master's rendezvous addres
     host,_,port = peer.rpartition(':')
     try:
         with socket.create_connection((host, int(port)), timeout=5): pass
-    except ValueError: return chk('peer', f"--peer {peer}: expected HOST:PORT", False, "give the master's address and port, such as node01:29500")
-    except OSError as e: return chk('peer', f"{peer}: {e.strerror or e}", False, "start the master's launcher first, then check the address, the port and any firewall between the nodes")
+    except ValueError: return chk('peer', f"--peer {peer}: expected HOST:PORT", False,
+                                  "give the master's address and port, such as node01:29500")
+    except OSError as e:
+        return chk('peer', f"{peer}: {e.strerror or e}", False,
+                   "start the master's launcher first, then check the address, the port and any firewall between the nodes")
     return chk('peer', f"{peer} accepts connections")
 
 # %% ../nbs/06_doctor.ipynb #968af50d
 def checkup(nproc:int=None, # ranks planned on this machine (None: one per GPU, 2 without)
-            workers:int=None, # DataLoader workers per rank you chose (None: left at fastai's default, which `distrib_ctx` shares among the ranks)
+            # DataLoader workers per rank you chose (None: left at fastai's default, which `distrib_ctx` shares among the ranks)
+            workers:int=None,
             peer:str=None): # 'HOST:PORT' whose rendezvous port should answer from here
     "Everything `fastddp-doctor` finds on this machine, as a dict"
     v,b,gs,pa,e = versions(),backends(),gpus(),peer_access(),dist_env()
@@ -237,7 +264,8 @@ def checkup(nproc:int=None, # ranks planned on this machine (None: one per GPU, 
     free = shutil.disk_usage('/dev/shm').free if os.path.isdir('/dev/shm') else None
     env = dict(vars=e, cpus=n, cpus_machine=n_all, nproc=nproc, workers=workers, shm_free=free)
     cs = [python_check(v['python']), packages_check(v), backend_check(b), gpu_check(gs, nproc), peer_check(pa), env_check(e), port_check(e),
-          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, chosen), precision_check(half_precision()), host_check()]
+          shm_check(free, nproc, workers, b['default']=='nccl'), cpu_check(n, nproc, chosen), precision_check(half_precision()),
+          host_check()]
     cs += [o for o in (slurm_check(), peer and reach_check(peer)) if o]
     return dict(versions=v, backends=b, gpus=gs, peer=pa, topo=topo(), env=env, checks=cs, status=status(cs))
 
@@ -252,17 +280,22 @@ def render_bench(r:dict): # the `bench` part of a report
     ls = [f"  all_reduce (sum, float32) on {r['nproc']} {r['backend']} ranks; busbw = algbw × 2(n-1)/n",
           f"  link limit: {f'memory copy in one process, {cbw:.2f} GB/s' if cbw else 'unknown (GPUs)'}",
           f"  {'size':>10} {'time':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} {'busbw/copy':>11}"]
-    ls += [f"  {fmt_size(o['size']):>10} {_fmt_time(o['time_s']):>10} {o['algbw_GBps']:>11.3f} {o['busbw_GBps']:>11.3f} {_fmt_float(o['of_copy']):>11}" for o in r['rows']]
-    if 'model' in r: m = r['model']; ls.append(f"  model {m['name']}: gradients {fmt_size(m['size'])}, one all-reduce {_fmt_time(m['time_s'])}, busbw {m['busbw_GBps']:.3f} GB/s ({_fmt_float(m['of_copy'])} of copy)")
+    ls += [f"  {fmt_size(o['size']):>10} {_fmt_time(o['time_s']):>10} {o['algbw_GBps']:>11.3f} {o['busbw_GBps']:>11.3f} "
+           f"{_fmt_float(o['of_copy']):>11}" for o in r['rows']]
+    if 'model' in r: m = r['model']; ls.append(f"  model {m['name']}: gradients {fmt_size(m['size'])}, one all-reduce "
+                                               f"{_fmt_time(m['time_s'])}, busbw {m['busbw_GBps']:.3f} GB/s "
+                                               f"({_fmt_float(m['of_copy'])} of copy)")
     o = r['rows'][-1]
-    if 'compute' in r: ls.append(f"  compute peak ({r['compute']['source']}): "+', '.join(f"{k} {v/1e9:.1f} GFLOP/s" for k,v in r['compute'].items() if k!='source' and v))
+    if 'compute' in r: ls.append(f"  compute peak ({r['compute']['source']}): "
+                                 +', '.join(f"{k} {v/1e9:.1f} GFLOP/s" for k,v in r['compute'].items() if k!='source' and v))
     ls.append(f"  at {fmt_size(o['size'])}: busbw {o['busbw_GBps']:.3f} GB/s = {_fmt_float(o['of_copy'])} of the link limit")
     return ls
 
 def render(r:dict): # from `checkup` (and `run_bench`)
     "The report `r` as text for a terminal"
     v,b,e = r['versions'],r['backends'],r['env']
-    ls = ['versions']+[f"  {k:<11} {v[k] or ('none' if k in ('cuda','nccl') else 'not installed')}" for k in ('python','torch','cuda','nccl','fastai','accelerate','fastddp')]
+    ls = ['versions']+[f"  {k:<11} {v[k] or ('none' if k in ('cuda','nccl') else 'not installed')}"
+                       for k in ('python','torch','cuda','nccl','fastai','accelerate','fastddp')]
     ls += ['backends', f"  nccl {_yes_no(b['nccl'])}, gloo {_yes_no(b['gloo'])}, mpi {_yes_no(b['mpi'])}; default: {b['default']}"]
     ls += ['gpus']+([f"  {o['index']}: {o['name']}, {o['memory_gib']} GiB, compute {o['capability']}" for o in r['gpus']] or ["  no GPU"])
     ls += ['peer']+([f"  {k}: {_yes_no(o)}" for k,o in r['peer'].items()] or ["  no GPU pairs"])
@@ -298,14 +331,17 @@ def doctor(json:bool=False, # print the report as JSON
     r = checkup(nproc, workers, peer)
     if bench:
         if model and not _is_model(model):
-            r['checks'].append(chk('bench', f"--model {model}: not a torchvision model", False, "give a torchvision model name, such as resnet34 (torchvision.models.list_models())"))
+            r['checks'].append(chk('bench', f"--model {model}: not a torchvision model", False,
+                                   "give a torchvision model name, such as resnet34 (torchvision.models.list_models())"))
         else:
             try: r['bench'] = run_bench(r['env']['nproc'], ms, model)
             except RanksFailed as e: # the ranks' own error: their output says what it was
                 print(e.ranks.out[-3000:], file=sys.stderr)
-                r['checks'].append(chk('bench', f"the ranks failed (exit code {e.ranks.rc})", False, "fix what the ranks' output above says, then run fastddp-doctor --bench again"))
+                r['checks'].append(chk('bench', f"the ranks failed (exit code {e.ranks.rc})", False,
+                                       "fix what the ranks' output above says, then run fastddp-doctor --bench again"))
             except subprocess.TimeoutExpired as e:
-                r['checks'].append(chk('bench', f"the ranks did not finish in {e.timeout:.0f} s", False, "a rank hangs: run fastddp-doctor without --bench, and check the network between the ranks"))
+                r['checks'].append(chk('bench', f"the ranks did not finish in {e.timeout:.0f} s", False,
+                                       "a rank hangs: run fastddp-doctor without --bench, and check the network between the ranks"))
         r['status'] = status(r['checks'])
     print(dumps(r, indent=1) if json else render(r), flush=True)
     return int(r['status']=='fail')

@@ -68,7 +68,8 @@ class EpochLoss(Callback):
         if self.rec is None: return
         rec,ls = self.rec,self._restore().losses
         if not ls: return
-        g = torch.stack(all_gather_list(torch.stack(ls).cpu())).mean(0) # each step's loss, averaged over the ranks: one copy, one collective
+        # each step's loss, averaged over the ranks: one copy, one collective
+        g = torch.stack(all_gather_list(torch.stack(ls).cpu())).mean(0)
         self.step_losses = g.tolist()
         vals,self.sm.val,self.sm.count = smoothed(g, self.sm.val, self.sm.count, self.sm.beta)
         rec.losses[self.n0:self.n0+len(vals)] = vals

@@ -61,7 +61,8 @@ def after_validate(self:GatherPredsCallback):
     "Join the batches of every rank in rank order (dataset order), then concatenate"
     if not hasattr(self, 'preds'): return
     if isinstance(self.learn.dl, ExactDL): # each rank holds its block's batches
-        ks = [k for k,f in [('inputs',self.with_input),('preds',self.with_preds),('targets',self.with_targs),('losses',self.with_loss)] if f]
+        ks = [k for k,f in [('inputs',self.with_input),('preds',self.with_preds),
+                            ('targets',self.with_targs),('losses',self.with_loss)] if f]
         parts = all_gather_list({k:getattr(self, k) for k in ks})
         for k in ks: setattr(self, k, [b for p in parts for b in p[k]])
     if self.with_input: self.inputs  = _cat(self.inputs)

@@ -17,7 +17,8 @@ from .core import *
 class LaunchError(ValueError):
     "Bad launcher input: one line, exit code 2, nothing started"
 
-PREEMPTED = 75 # a rank that a signal stopped after writing its checkpoint (EX_TEMPFAIL, sysexits.h: "try again later"); see `fastddp.preempt`
+# a rank that a signal stopped after writing its checkpoint (EX_TEMPFAIL, sysexits.h: "try again later"); see `fastddp.preempt`
+PREEMPTED = 75
 
 # %% ../nbs/01_launch.ipynb #0dc4a92b
 def _n_gpus():
@@ -33,7 +34,8 @@ def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2'
     except ValueError: raise LaunchError(f"--gpus {gpus!r}: expected 'all' or comma-separated GPU ids such as 0,1") from None
     if len(set(ids))<len(ids) or min(ids)<0: raise LaunchError(f"--gpus {gpus!r}: each GPU id once, none negative")
     bad = [i for i in ids if i>=n_gpus]
-    if bad: raise LaunchError(f"--gpus {gpus!r}: GPU {bad[0]} does not exist; this machine has {n_gpus or 'no'} GPU(s)"+("" if n_gpus else ": leave --gpus out to run CPU processes"))
+    if bad: raise LaunchError(f"--gpus {gpus!r}: GPU {bad[0]} does not exist; this machine has {n_gpus or 'no'} GPU(s)"
+                              +("" if n_gpus else ": leave --gpus out to run CPU processes"))
     return ids
 
 # %% ../nbs/01_launch.ipynb #8b8478bf
@@ -78,7 +80,8 @@ def _why(f):
 import re
 # the messages of a rank that failed because a peer did: gloo's, when the peer's socket closed or reset or it did not answer in
 # time, the TCP store's, NCCL's abort; the table below holds the real messages, provoked on torch 2.14.1
-_peer_lost = re.compile(r"Connection (closed|reset) by peer|Timed out waiting \d+ms for (recv|send) operation|wait timeout after \d+ms|Socket Timeout|communicator was aborted")
+_peer_lost = re.compile(r"Connection (closed|reset) by peer|Timed out waiting \d+ms for (recv|send) operation|wait timeout after "
+                        r"\d+ms|Socket Timeout|communicator was aborted")
 
 def peer_lost(msg:str): # a rank's failure as `_why` gives it
     "Does `msg` say that a peer was lost (a symptom of another rank's failure) rather than why this rank failed?"
@@ -96,11 +99,13 @@ def fail_msg(e, nnodes:int=1): # the number of nodes in the job
     r0 = min(own, key=lambda r: (peer_lost(_why(own[r])), own[r].timestamp, r))
     res = [f"rank {r0} (pid {fs[r0].pid}) failed: {_why(fs[r0])}"]
     others = sorted(r for r in fs if r!=r0)
-    if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it (usually: their peer was gone)")
+    if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it "
+                          "(usually: their peer was gone)")
     # every rank here lost a peer: the cause is on another node, whose own launcher says what it was (or nothing, if the machine died)
     if nnodes>1 and peer_lost(_why(fs[r0])):
         m = _peer_addr.search(_why(fs[r0]))
-        res.append(f"no rank on this node failed by itself: it lost its peer{' at '+m.group(1) if m else ''} on another node; the cause is there (its launcher's output, or the machine itself)")
+        res.append(f"no rank on this node failed by itself: it lost its peer{' at '+m.group(1) if m else ''} on another node; the cause is "
+                   "there (its launcher's output, or the machine itself)")
     return res
 
 # %% ../nbs/01_launch.ipynb #8d72647e
@@ -125,11 +130,13 @@ def launch_config(a):
     from torch.distributed.launcher.api import LaunchConfig
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     if not Path(a.script).is_file(): raise LaunchError(f"{a.script}: no such script")
-    if a.nnodes<1 or not 0<=a.node_rank<a.nnodes: raise LaunchError(f"--node-rank {a.node_rank}: must be in 0..{a.nnodes-1} for --nnodes {a.nnodes}")
+    if a.nnodes<1 or not 0<=a.node_rank<a.nnodes: raise LaunchError(f"--node-rank {a.node_rank}: must be in 0..{a.nnodes-1} for --nnodes "
+                                                                    f"{a.nnodes}")
     if a.max_restarts<0: raise LaunchError(f"--max-restarts {a.max_restarts}: must be 0 or more")
     if a.nnodes>1 and a.master_port is None: raise LaunchError("--nnodes > 1 needs --master-addr and --master-port, the same on every node")
     if a.master_port is not None and a.node_rank==0 and not port_free(a.master_port, a.master_addr):
-        raise LaunchError(f"--master-port {a.master_port}: port busy on {a.master_addr} (an earlier run may still hold it); pick another or leave it out on a single node")
+        raise LaunchError(f"--master-port {a.master_port}: port busy on {a.master_addr} (an earlier run may still hold it); pick another "
+                          "or leave it out on a single node")
     n,vis,msg = plan_procs(a.gpus, a.nproc)
     if a.nnodes>1: # gloo would bind to the address the host name resolves to, often a loopback one: choose the interface
         try: net = pick_iface(a.master_addr, a.iface)
@@ -138,7 +145,9 @@ def launch_config(a):
     if vis is not None: os.environ['CUDA_VISIBLE_DEVICES'] = vis
     # no port: c10d picks a free one; a port: static rendezvous, whose run id must be the same on every node
     if a.master_port is None: backend,endpoint,cfg,rid = 'c10d','localhost:0',{},str(uuid.uuid4())
-    else: backend,endpoint,cfg,rid = 'static',f'{a.master_addr}:{a.master_port}',{'rank':a.node_rank, 'timeout':int(distrib_timeout().total_seconds())},'fastddp' # nodes wait for each other as long as ranks do
+    # nodes wait for each other as long as ranks do
+    else: backend,endpoint,cfg,rid = ('static',f'{a.master_addr}:{a.master_port}',
+                                      {'rank':a.node_rank, 'timeout':int(distrib_timeout().total_seconds())},'fastddp')
     tee = Std.from_str(','.join(f'{i}:3' for i in range(1,n))) if n>1 else Std.NONE
     logs = DefaultLogsSpecs(log_dir=a.log_dir, tee=tee)
     return LaunchConfig(min_nodes=a.nnodes, max_nodes=a.nnodes, nproc_per_node=n, run_id=rid,
@@ -179,7 +188,7 @@ def _children():
     return res
 
 class Forward:
-    "The launcher's SIGTERM and SIGUSR1 handler: pass the signal on to every rank, wait up to `grace` seconds, SIGKILL the rest, stop the agent"
+    "The launcher's SIGTERM and SIGUSR1 handler: pass the signal on to every rank, wait up to `grace` s, SIGKILL the rest, stop the agent"
     sigs = (signal.SIGTERM, signal.SIGUSR1)
     def __init__(self, grace:float): self.grace,self.sig,self.codes,self.old = grace,None,{},{} # codes: {pid: exit code, or -signal}
     def install(self):
@@ -222,8 +231,8 @@ def launch(argv=None):
         say = lambda s: print(f"fastddp-launch: {s}", file=sys.stderr, flush=True)
         say(f"node rank {a.node_rank} of {a.nnodes}: waiting for the master at {at}, for up to {secs:g} s (FASTDDP_TIMEOUT)")
         if not wait_master(a.master_addr, a.master_port, secs):
-            say(f"nothing answered at {at} within {secs:g} s: start node rank 0 there first, with the same --master-addr and --master-port, "
-                f"and check that this node reaches it (fastddp-doctor --peer {at})")
+            say(f"nothing answered at {at} within {secs:g} s: start node rank 0 there first, with the same --master-addr and "
+                f"--master-port, and check that this node reaches it (fastddp-doctor --peer {at})")
             return 1
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     os.environ['PYTHONUNBUFFERED'] = '1'
@@ -231,21 +240,24 @@ def launch(argv=None):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     import logging
-    logging.getLogger('torch.distributed.elastic').setLevel(logging.CRITICAL) # the agent's log lines repeat what the summary below says, and hide the script's output
+    # the agent's log lines repeat what the summary below says, and hide the script's output
+    logging.getLogger('torch.distributed.elastic').setLevel(logging.CRITICAL)
     for k in list(logging.root.manager.loggerDict): # torch's modules set their own level
         if k.startswith('torch.distributed.elastic'): logging.getLogger(k).setLevel(logging.CRITICAL)
     fwd = Forward(cfg.shutdown_timeout).install()
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
     except ChildFailedError as e:
         if all(f.exitcode==PREEMPTED for f in e.failures.values()): # a signal that reached the ranks only
-            print(f"fastddp-launch: the ranks stopped on a signal after writing a checkpoint: exit code {PREEMPTED}", file=sys.stderr, flush=True)
+            print(f"fastddp-launch: the ranks stopped on a signal after writing a checkpoint: exit code {PREEMPTED}",
+                  file=sys.stderr, flush=True)
             return PREEMPTED
         for l in fail_msg(e, a.nnodes): print(f"fastddp-launch: {l}", file=sys.stderr)
         print("fastddp-launch: the other ranks were stopped", file=sys.stderr, flush=True)
         return 1
     except SignalException as e:
         if fwd.codes and all(o==PREEMPTED for o in fwd.codes.values()):
-            print(f"fastddp-launch: {signal.Signals(e.sigval).name}: every rank wrote the checkpoint and stopped: exit code {PREEMPTED}", file=sys.stderr, flush=True)
+            print(f"fastddp-launch: {signal.Signals(e.sigval).name}: every rank wrote the checkpoint and stopped: exit code {PREEMPTED}",
+                  file=sys.stderr, flush=True)
             return PREEMPTED
         print(f"fastddp-launch: stopped by {signal.Signals(e.sigval).name}; all ranks were stopped", file=sys.stderr, flush=True)
         return 128+int(e.sigval)
@@ -253,8 +265,10 @@ def launch(argv=None):
         first = str(e).strip().splitlines()[0] if str(e).strip() else '' # torch's C++ errors carry their stack frames after the first line
         print(f"fastddp-launch: {type(e).__name__}: {first}", file=sys.stderr, flush=True)
         if a.nnodes>1 and type(e).__name__ in ('DistNetworkError', 'DistStoreError', 'RendezvousTimeoutError'):
-            print(f"fastddp-launch: the nodes did not meet at {a.master_addr}:{a.master_port} within {distrib_timeout().total_seconds():g} s (FASTDDP_TIMEOUT): "
-                  f"start node rank 0 there, and check that this node reaches it (fastddp-doctor --peer {a.master_addr}:{a.master_port})", file=sys.stderr, flush=True)
+            print(f"fastddp-launch: the nodes did not meet at {a.master_addr}:{a.master_port} within {distrib_timeout().total_seconds():g} "
+                  f"s (FASTDDP_TIMEOUT): start node rank 0 there, and check that this node reaches it "
+                  f"(fastddp-doctor --peer {a.master_addr}:{a.master_port})",
+                  file=sys.stderr, flush=True)
         return 1
     finally: fwd.restore()
     return 0

@@ -59,7 +59,8 @@ def _patch_tensorboard(m):
     def before_fit(self):
         self.steps = [] # (step, hypers) held until `EpochLoss` has the epoch's exact losses
         if self.projector and is_distributed(self.learn) and not rank():
-            warn_once("TensorBoardCallback(projector=True) under DDP embeds rank 0's share of the validation set only: run the projector after training, as one process")
+            warn_once("TensorBoardCallback(projector=True) under DDP embeds rank 0's share of the validation set only: run the projector "
+                      "after training, as one process")
         with rank_local(self.learn): _before_fit(self)
     @patch_to(cls)
     def after_batch(self):

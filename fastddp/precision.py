@@ -27,7 +27,8 @@ def _rank0s(f):
 def before_fit(self:MixedPrecision):
     dt = torch.bfloat16 if self.amp_mode==AMPMode.BF16 else torch.float16
     dev = 'cuda' if torch.cuda.is_available() else 'cpu'
-    if dev=='cuda' and dt==torch.bfloat16 and not torch.cuda.is_bf16_supported(): raise ValueError("Unsupported GPU for bfloat16 mixed precision training")
+    if dev=='cuda' and dt==torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError("Unsupported GPU for bfloat16 mixed precision training")
     on = dev=='cuda' or _rank0s(lambda: cpu_half(dt))
     self.dtype = dt if on else torch.float32
     self.kwargs['enabled'] = on and dt==torch.float16 # bfloat16 has float32's range: no loss scaling

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from fastai.basics import *
 from .core import *
 from .watchdog import beat
-from .launch import PREEMPTED # 75, EX_TEMPFAIL in sysexits.h, "try again later": the checkpoint is on disk and the same command resumes
+# 75, EX_TEMPFAIL in sysexits.h, "try again later": the checkpoint is on disk and the same command resumes
+from .launch import PREEMPTED
 
 # %% ../nbs/02p_preempt.ipynb #77b1f0a2
 class Preempted(SystemExit):
@@ -120,7 +121,8 @@ def _halt(self:Preempt, s, epoch, it):
     t1 = time.time()
     ts = torch.tensor([self.t_sig, self.it_sig] if self.got else [float('inf')]*2, dtype=torch.float64) # the earliest signal on any rank
     if self.group is not None: dist.all_reduce(ts, op=dist.ReduceOp.MIN, group=self.group)
-    self.stop = dict(sig='+'.join(o.name for o in s), epoch=epoch, it=it, ckpt=ck, write=t1-t0, secs=t1-float(ts[0]), steps=self.train_iter-int(ts[1]))
+    self.stop = dict(sig='+'.join(o.name for o in s), epoch=epoch, it=it, ckpt=ck, write=t1-t0, secs=t1-float(ts[0]),
+                     steps=self.train_iter-int(ts[1]))
 
 @patch
 def after_batch(self:Preempt):
@@ -138,7 +140,8 @@ def after_epoch(self:Preempt):
 @patch
 def after_fit(self:Preempt):
     if not self.active: return
-    if self.stop is None and self._ready() and (s := self._flag(wait=True)): self._halt(s, self.n_epoch, 0) # a signal after the last epoch's check
+    # a signal after the last epoch's check
+    if self.stop is None and self._ready() and (s := self._flag(wait=True)): self._halt(s, self.n_epoch, 0)
     self._collect()
     self.restore()
     if self.stop is not None: self._exit()
@@ -153,7 +156,8 @@ def _exit(self:Preempt):
     st = self.stop
     code = PREEMPTED if st['ckpt'] else 128+signal.Signals[st['sig'].split('+')[0]].value
     where = f"{st['sig']}: every rank stopped at epoch {st['epoch']}, step {st['it']}"
-    if st['ckpt']: msg = f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s and {st['steps']} step(s) after the signal; exit code {code}: the same command resumes"
+    if st['ckpt']: msg = (f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s and {st['steps']} step(s) "
+                          f"after the signal; exit code {code}: the same command resumes")
     else: msg = f"; no checkpoint (add Checkpoint() to resume from here); exit code {code}"
     rank0_print(f"fastddp: {where}{msg}", file=sys.stderr)
     if st['ckpt']: self._requeue()

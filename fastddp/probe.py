@@ -82,11 +82,13 @@ max_ratio = 1.2 # the probe's ops are the convs and matmuls that dominate a step
 def cpu_half(dt): # 'float16' or 'bfloat16' (or the torch dtype)
     "Should a CPU autocast use `dt` here? `FASTDDP_CPU_HALF` forces it (1) or forbids it (0); unset, the probe decides"
     f = os.environ.get('FASTDDP_CPU_HALF', '').strip()
-    if f not in ('', '0', '1'): raise ValueError(f"FASTDDP_CPU_HALF={f!r}: expected 1 (force half precision on the CPU), 0 (never) or unset (measure)")
+    if f not in ('', '0', '1'):
+        raise ValueError(f"FASTDDP_CPU_HALF={f!r}: expected 1 (force half precision on the CPU), 0 (never) or unset (measure)")
     if f: return f=='1'
     r,d = half_ratio(dt),_name(dt)
     if r<=max_ratio: return True
-    warn_once(f"this CPU has no fast {d} (autocast measured {r:.1f}x slower than float32): training in float32; FASTDDP_CPU_HALF=1 forces {d}; see fastddp-doctor")
+    warn_once(f"this CPU has no fast {d} (autocast measured {r:.1f}x slower than float32): training in float32; FASTDDP_CPU_HALF=1 forces "
+              f"{d}; see fastddp-doctor")
     return False
 
 # %% ../nbs/00a_probe.ipynb #7f6ceaa5
@@ -119,7 +121,8 @@ def cpu_peak(dt:str='float32'): # 'float32', or a half dtype where the CPU has i
 # %% ../nbs/00a_probe.ipynb #374f0415
 def report_cpu():
     "The probe's ratios for float16 and bfloat16 on this CPU, the threshold, and `FASTDDP_CPU_HALF`"
-    return dict(cpu=cpu_key(), float16=half_ratio('float16'), bfloat16=half_ratio('bfloat16'), max_ratio=max_ratio, force=os.environ.get('FASTDDP_CPU_HALF'))
+    return dict(cpu=cpu_key(), float16=half_ratio('float16'), bfloat16=half_ratio('bfloat16'), max_ratio=max_ratio,
+                force=os.environ.get('FASTDDP_CPU_HALF'))
 
 # %% ../nbs/00a_probe.ipynb #d065e447
 if __name__=='__main__': print(json.dumps(report_cpu()))

@@ -57,7 +57,9 @@ def get_data(kind:str, # 'pets', 'imdb_sample', 'imdb' or 'adult'
     from fastai.data.external import untar_data, URLs
     url = getattr(URLs, _urls[kind])
     try: return rank0_first(untar_data, url)
-    except offline_errors as e: raise ScriptError(f"could not download {url} ({type(e).__name__}: {e}); offline, pass --data PATH (a copy in fastai's layout) or --synthetic N (generated data)") from e
+    except offline_errors as e:
+        raise ScriptError(f"could not download {url} ({type(e).__name__}: {e}); offline, pass --data PATH (a copy in fastai's layout) or "
+                          "--synthetic N (generated data)") from e
 
 # %% ../nbs/08_script.ipynb #db6fdb65
 def script_flags(scale_lr:str=None, # scale lr with the number of processes: 'linear' or 'sqrt'
@@ -91,7 +93,8 @@ class WrapRecorder(Callback):
     wrapper = None
     def before_train(self): # after every callback's `before_fit`, where fastai's trainers wrap the model
         m = self.learn.model
-        self.wrapper = type(m).__name__ if isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else 'FSDP' if is_sharded(m) else None
+        self.wrapper = (type(m).__name__ if isinstance(m, (nn.DataParallel, nn.parallel.DistributedDataParallel))
+                        else 'FSDP' if is_sharded(m) else None)
 
 # %% ../nbs/08_script.ipynb #d82defcb
 def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
@@ -105,18 +108,21 @@ def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
     if scale_lr: cbs.append(ScaleLR(scale_lr, k=accum))
     if accum>1: cbs.append(Accumulate(accum))
     if checkpoint: cbs.append(Checkpoint(Path(checkpoint).expanduser().absolute(), resume='auto' if resume else False))
-    if time_cost: cbs += [Throughput(), TimeCost(fname=Path(out).expanduser()/'time_cost.png' if out else None)] # the report's FLOPs and MFU line
+    # the report's FLOPs and MFU line
+    if time_cost: cbs += [Throughput(), TimeCost(fname=Path(out).expanduser()/'time_cost.png' if out else None)]
     return cbs
 
 # %% ../nbs/08_script.ipynb #8a0bf71c
 def run_ctx(learn, dp:bool=False, # DataParallel instead of DDP (only without a launcher)
-            fp16:bool=False, # mixed precision: float16 on GPU, bfloat16 on a CPU that computes it natively (else float32: `fastddp.precision`)
+            # mixed precision: float16 on GPU, bfloat16 on a CPU that computes it natively (else float32: `fastddp.precision`)
+            fp16:bool=False,
             shard:bool=False, # shard parameters, gradients and optimizer state (FSDP2, ZeRO-3)
             shard_grads:bool=False, # shard gradients and optimizer state, weights gathered from forward to backward (ZeRO-2)
             **kwargs): # passed to `distrib_ctx`
     "The context a script trains in: `distrib_ctx` (one process outside a launcher), or `parallel_ctx` with `dp`"
     if fp16: learn.to_fp16() if has_cuda() else learn.to_bf16() # what was used goes into `summary`'s 'precision'
-    if dp and (shard or shard_grads): raise ScriptError("--dp and --shard do not mix: sharding needs one process per device (start the script under a launcher)")
+    if dp and (shard or shard_grads):
+        raise ScriptError("--dp and --shard do not mix: sharding needs one process per device (start the script under a launcher)")
     if shard or shard_grads: kwargs['shard'] = 'grads' if shard_grads else True
     return learn.parallel_ctx() if dp and not world_size()>1 else learn.distrib_ctx(**kwargs)
 
@@ -138,7 +144,9 @@ def summary(learn, task:str, epochs:int, secs:float, n_items:int):
 def finish(learn, task, epochs, secs, n_items, out=None):
     "Print the summary on rank 0; with `out`, write `metrics.json` and `export.pkl` there"
     s = summary(learn, task, epochs, secs, n_items)
-    rank0_print(f"{task}: {s['world_size']} process(es), valid_loss {s['valid_loss']:.4f}, "+', '.join(f"{k} {v:.4f}" for k,v in s['metrics'].items())+f", {s['sec_per_epoch']:.1f} s/epoch, {s['samples_per_s']:.1f} samples/s")
+    rank0_print(f"{task}: {s['world_size']} process(es), valid_loss {s['valid_loss']:.4f}, "
+                +', '.join(f"{k} {v:.4f}" for k,v in s['metrics'].items())
+                +f", {s['sec_per_epoch']:.1f} s/epoch, {s['samples_per_s']:.1f} samples/s")
     if out and is_rank0():
         out = Path(out); out.mkdir(parents=True, exist_ok=True)
         (out/'metrics.json').write_text(json.dumps(s, indent=2))

@@ -52,7 +52,9 @@ def check_units(model, units):
     "Raise one clear error when a parameter is shared by two shard units"
     for ks in _owners(model).values():
         us = {_unit_of(k, units) or '<root>' for k in ks}
-        if len(us)>1: raise DistribError(f"parameter {ks[0]} is shared by the shard units {', '.join(sorted(us))} (as {', '.join(ks)}): choose shard_modules that keep its uses in one unit")
+        if len(us)>1:
+            raise DistribError(f"parameter {ks[0]} is shared by the shard units {', '.join(sorted(us))} (as {', '.join(ks)}): choose "
+                               "shard_modules that keep its uses in one unit")
 
 # %% ../nbs/02h_shard.ipynb #729157e6
 def bcast(ts, src=0):
@@ -143,13 +145,15 @@ def to_full(v, p=None):
 
 # %% ../nbs/02h_shard.ipynb #d9905c02
 def _tensors(model):
-    "Every tensor `model` holds: parameters, buffers, and plain tensor attributes (an AWD-LSTM's dropped-out weights, an RNN's `_flat_weights`)"
-    attrs = [v for m in model.modules() for o in m.__dict__.values() for v in (o if isinstance(o, (list, tuple)) else [o]) if isinstance(v, torch.Tensor)]
+    "Every tensor `model` holds: parameters, buffers, plain tensor attributes (an AWD-LSTM's dropped-out weights, an RNN's `_flat_weights`)"
+    attrs = [v for m in model.modules() for o in m.__dict__.values() for v in (o if isinstance(o, (list, tuple)) else [o])
+             if isinstance(v, torch.Tensor)]
     return itertools.chain(model.parameters(), model.buffers(), attrs)
 
 def meta_clone(model):
     "A copy of `model` with every tensor on the meta device: its structure, for no memory"
-    meta = lambda t: nn.Parameter(torch.empty_like(t, device='meta'), t.requires_grad) if isinstance(t, nn.Parameter) else torch.empty_like(t, device='meta')
+    meta = lambda t: (nn.Parameter(torch.empty_like(t, device='meta'), t.requires_grad) if isinstance(t, nn.Parameter)
+                      else torch.empty_like(t, device='meta'))
     return deepcopy(model, {id(t): meta(t) for t in _tensors(model)}) # deepcopy takes what the memo holds instead of copying it
 
 # %% ../nbs/02h_shard.ipynb #401a990f
@@ -254,7 +258,8 @@ def load(self:Learner, file, device=None, with_opt=True, strict=True, **kwargs):
     hasopt = set(st)=={'model', 'opt'}
     sd = self.model.state_dict()
     full = st['model'] if hasopt else st
-    self.model.load_state_dict({k: to_shard(full[k], v) if isinstance(v, DTensor) else full[k].to(v.device) for k,v in sd.items()}, strict=strict)
+    self.model.load_state_dict({k: to_shard(full[k], v) if isinstance(v, DTensor) else full[k].to(v.device) for k,v in sd.items()},
+                               strict=strict)
     if hasopt and with_opt and self.opt is not None:
         self.opt.load_state_dict(st['opt'])
         map_state(self.opt, to_shard)
@@ -267,7 +272,8 @@ def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_p
     if not is_sharded(self.model): return _learner_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     m,sh = self.model,[o for o in self.cbs if hasattr(o, 'sharded')]
     plain = meta_clone(sh[0].sharded.plain) if sh and sh[0].sharded else None
-    if plain is None: raise DistribError("export: the sharded model has no plain structure to gather into (it was not sharded by distrib_ctx)")
+    if plain is None:
+        raise DistribError("export: the sharded model has no plain structure to gather into (it was not sharded by distrib_ctx)")
     plain.load_state_dict(full_state(m), assign=True)
     opt,self.model = self.opt,plain
     try:

@@ -78,7 +78,8 @@ def splits_itself(ds, # your `IterableDataset`
     ds.fastddp_splits = by
     return ds
 
-def _wds_stages(ds): return [getattr(o, '__name__', getattr(getattr(o, 'f', None), '__name__', type(o).__name__)) for o in getattr(ds, 'pipeline', [])]
+def _wds_stages(ds): return [getattr(o, '__name__', getattr(getattr(o, 'f', None), '__name__', type(o).__name__))
+                             for o in getattr(ds, 'pipeline', [])]
 def _is_wds(ds): return type(ds).__module__.startswith('webdataset')
 def _resampled(st): return bool({'ResampledShards','ResampledShardList'} & set(st))
 def _is_hf(ds): return type(ds).__module__.startswith('datasets') and hasattr(ds, '_ex_iterable')
@@ -105,7 +106,8 @@ def check_source(ds, ws:int):
         raise DistribError("this WebDataset refuses several ranks (nodesplitter=single_node_only, its default): "
                            "pass nodesplitter=wds.split_by_node to WebDataset")
     if _resampled(st):
-        warn_once("WebDataset(resampled=True) draws shards with replacement on every rank and worker: an epoch is `n` items drawn, not one pass over the data (items repeat, some are not read)")
+        warn_once("WebDataset(resampled=True) draws shards with replacement on every rank and worker: an epoch is `n` items drawn, not one "
+                  "pass over the data (items repeat, some are not read)")
 
 # %% ../nbs/02s_stream.ipynb #c26d091c
 def stream_len(dl):
@@ -116,8 +118,8 @@ def stream_len(dl):
         sp = getattr(ds.info, 'splits', None) or {}
         s = sp.get(str(ds.split)) if ds.split is not None else None
         if s is not None and s.num_examples: return s.num_examples
-    raise DistribError(f"this DataLoader streams a {type(ds).__name__} of unknown length: pass n= (the items of one epoch, all ranks together) "
-                       "to fastai's DataLoader, as DataLoader(ds, bs=64, n=50_000)")
+    raise DistribError(f"this DataLoader streams a {type(ds).__name__} of unknown length: pass n= (the items of one epoch, all ranks "
+                       "together) to fastai's DataLoader, as DataLoader(ds, bs=64, n=50_000)")
 
 # %% ../nbs/02s_stream.ipynb #379e64eb
 _dl_new = DataLoader.new
@@ -203,7 +205,8 @@ class _Stream:
         "Batches on this rank, rebatched, transformed and on its device, with their keys"
         self.randomize(); self.before_iter()
         def raw():
-            for b,k in _loaders[self.fake_l.num_workers==0](self.fake_l): yield (tuple(b) if type(b)==list else b),k # pin_memory makes lists
+            # pin_memory makes lists
+            for b,k in _loaders[self.fake_l.num_workers==0](self.fake_l): yield (tuple(b) if type(b)==list else b),k
         for b,k in _rebatch(raw(), self.bs, self.drop_last):
             if self.device is not None: b = to_device(b, self.device)
             yield self.after_batch(b),k
@@ -259,7 +262,8 @@ class StreamDL(_Stream, DistributedDL):
         for _,k in it:
             if self.n_items+self.n_left>=self.n: break
             self.n_left += len(k)
-        warn_once(f"rank {self.rank}: {self.n_left} items of this epoch's stream were not trained because {why} (uneven parts: see fastddp.stream)")
+        warn_once(f"rank {self.rank}: {self.n_left} items of this epoch's stream were not trained because {why} (uneven parts: see "
+                  "fastddp.stream)")
 
     def to_detach(self, b, cpu=True, gather=True): return to_detach(b, cpu, gather)
     def one_batch(self):
@@ -285,7 +289,8 @@ _gp_after_validate = GatherPredsCallback.after_validate
 def after_validate(self:GatherPredsCallback):
     "Gather the predictions of every rank, then, over a stream, put them in the stream's order"
     dl = self.learn.dl
-    ks = all_gather_list(torch.cat(dl.seen) if dl.seen else torch.zeros(0, dtype=torch.long)) if isinstance(dl, StreamExactDL) and hasattr(self, 'preds') else None
+    ks = (all_gather_list(torch.cat(dl.seen) if dl.seen else torch.zeros(0, dtype=torch.long))
+          if isinstance(dl, StreamExactDL) and hasattr(self, 'preds') else None)
     _gp_after_validate(self)
     if ks is None: return
     ks = torch.cat(ks)
@@ -293,7 +298,8 @@ def after_validate(self:GatherPredsCallback):
     o = ks.argsort()
     for k in ('inputs','preds','targets','losses'):
         v = getattr(self, k, None)
-        if isinstance(v, (Tensor, tuple, list)) and len(v): setattr(self, k, apply(lambda t: t[o] if isinstance(t, Tensor) and len(t)==len(o) else t, v))
+        if isinstance(v, (Tensor, tuple, list)) and len(v):
+            setattr(self, k, apply(lambda t: t[o] if isinstance(t, Tensor) and len(t)==len(o) else t, v))
 
 # %% ../nbs/02s_stream.ipynb #a3ed4d14
 def stream_dl(dl, exact:bool=False, # validation (`StreamExactDL`) rather than training (`StreamDL`)

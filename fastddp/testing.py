@@ -42,7 +42,8 @@ class Ranks(list):
 _launchers = {'fastddp': [sys.executable, '-m', 'fastddp.launch', '--nproc', '{n}'],
               'fastai': [sys.executable, '-m', 'fastai.launch', '--nproc', '{n}'],
               'torchrun': [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '{n}'],
-              'accelerate': [sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes', '{n}', '--num_machines', '1', '--main_process_port', '{port}'],
+              'accelerate': [sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes', '{n}', '--num_machines',
+                             '1', '--main_process_port', '{port}'],
               'python': [sys.executable]}
 
 # %% ../nbs/01b_testing.ipynb #a5363f37

@@ -117,13 +117,16 @@ class Throughput(Callback):
         t = max(o[3] for o in rs) # the ranks step together: the slowest sets the pace
         # on a CPU the ranks of a host share its cores, so the host is the device; on GPUs each rank has its own
         devs = len(rs) if torch.cuda.is_available() else max(1, len(rs)//int(os.environ.get('LOCAL_WORLD_SIZE', len(rs))))
-        return dict(ranks=[_one(*o) for o in rs], total=_one(n, nb, ntok, t, devs), uncounted=uncounted(self.model_), uncounted_share=self.share,
-                    sharded=is_sharded(self.model_))
+        return dict(ranks=[_one(*o) for o in rs], total=_one(n, nb, ntok, t, devs), uncounted=uncounted(self.model_),
+                    uncounted_share=self.share, sharded=is_sharded(self.model_))
 
     def report(self):
         "The last epoch's totals in one line"
         if not self.stats: return 'Throughput: no epoch trained'
         s = self.stats[-1]; o = s['total']
-        mfu = f"MFU {o['mfu']:.2g}" if o['mfu'] is not None else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count, {s['uncounted_share']:.0%} of the forward's time)" if s['uncounted'] else 'MFU unknown (a sharded model: its FLOPs are not counted)' if s.get('sharded') else 'MFU unknown (no peak for this device)'
+        mfu = (f"MFU {o['mfu']:.2g}" if o['mfu'] is not None
+               else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count, {s['uncounted_share']:.0%} of the forward's time)"
+               if s['uncounted'] else 'MFU unknown (a sharded model: its FLOPs are not counted)' if s.get('sharded')
+               else 'MFU unknown (no peak for this device)')
         tok = f", {o['tokens_s']:.0f} tokens/s" if 'tokens_s' in o else ''
         return f"Throughput: {o['samples_s']:.1f} samples/s, {o['batches_s']:.2f} batches/s{tok}, {mfu}"

@@ -149,8 +149,9 @@ class TimeCost(Callback):
         st = getattr(self.learn, 'comm_stats', None)
         dl = self.dls.train
         me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
-                  comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0), cuda=self.clock.cuda,
-                  mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool), compiles=n_compiles()-self.nc0)
+                  comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0),
+                  cuda=self.clock.cuda, mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool),
+                  compiles=n_compiles()-self.nc0)
         dt = is_distributed(self.learn)
         self.ranks = all_gather_list(me) if dt else [me]
         if not is_rank0(): return
@@ -180,7 +181,8 @@ def _compile_stats(r, kept):
     "Compiles of the fit on rank report `r`, and the seconds its compiling steps took beyond the steady state's median step"
     cp = r.get('compiled', np.zeros(len(r['steps']), bool))
     t = r['steps'].sum(1) if len(r['steps']) else np.zeros(0)
-    return dict(compiles=int(r.get('compiles', 0)), steps=int(cp.sum()), secs=float(max(0., t[cp].sum()-cp.sum()*np.median(kept.sum(1)))) if cp.any() and len(kept) else 0.)
+    return dict(compiles=int(r.get('compiles', 0)), steps=int(cp.sum()),
+                secs=float(max(0., t[cp].sum()-cp.sum()*np.median(kept.sum(1)))) if cp.any() and len(kept) else 0.)
 
 @patch
 def stats(self:TimeCost,
@@ -220,30 +222,48 @@ def _comm_advice(st, lim):
     s,l,r = min(st['share']['comm'], .99),lim['comm'],st.get('comm_mbit')
     # k micro-batches per synchronisation: the exposed share of k steps is s/(k(1-s)+s); the smallest k that meets the limit
     k = max(2, math.ceil(s*(1-l)/(l*(1-s))))
-    acc = f"synchronise every {k} steps (`Accumulate({k})`, `--accum {k}`; the batch per optimizer step grows {k}-fold), which brings it to about {s/(k*(1-s)+s):.0%}"
+    acc = (f"synchronise every {k} steps (`Accumulate({k})`, `--accum {k}`; the batch per optimizer step grows {k}-fold), "
+           f"which brings it to about {s/(k*(1-s)+s):.0%}")
     if k>16: acc += " (too many micro-batches for accumulation alone: combine it with compression)"
-    cmp = f"compress: comm_hook='fp16' halves the bytes (about {s/(2-s):.0%} of the step), 'powersgd' sends a low-rank approximation of them"
+    cmp = (f"compress: comm_hook='fp16' halves the bytes (about {s/(2-s):.0%} of the step), "
+           "'powersgd' sends a low-rank approximation of them")
     slow = r is not None and r<lim['link']
     rate = f" in {st['comm_ms']:.1f} ms exposed, an effective {r:,.0f} Mbit/s" if r else ''
     rate += f", a slow link (below {lim['link']:,} Mbit/s)" if slow else ''
     a,b = (cmp,acc) if slow else (acc,cmp)
-    return f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}): {st['comm_mib']:.1f} MiB all-reduced per step{rate}; {a}; or {b}; or a bigger batch per rank, or tune bucket_cap_mb"
+    return (f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}): "
+            f"{st['comm_mib']:.1f} MiB all-reduced per step{rate}; {a}; or {b}; or a bigger batch per rank, or tune bucket_cap_mb")
 
 def _workers(w):
     "The worker count in words: this rank's, the ranks sharing the machine's CPUs, and the share that keeps each process on a core"
     n,nproc = cpus()[0],int(os.environ.get('LOCAL_WORLD_SIZE') or 1)
-    return f"num_workers={w} per rank now, {nproc} rank{'s'*(nproc>1)} on {n} CPUs here; {rank_workers(n, nproc)} per rank keeps each process on its own core"
+    return (f"num_workers={w} per rank now, {nproc} rank{'s'*(nproc>1)} on {n} CPUs here; "
+            f"{rank_workers(n, nproc)} per rank keeps each process on its own core")
 
 def recommend(st, lim=None):
     "`(factor, advice)` for each factor whose number in `stats` output `st` passes its limit in `lim`"
     lim,sh,res = {**limits, **(lim or {})},st['share'],[]
     dev = 'GPU' if st['cuda'] else 'CPU'
-    if sh['data']>lim['data']: res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step (limit {lim['data']:.0%}): use more DataLoader workers ({_workers(st['workers'])}) or lighter item transforms; on a GPU, pin_memory=True so copies run asynchronously, and augmentation on the device (batch transforms)"))
+    if sh['data']>lim['data']:
+        res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step "
+                            f"(limit {lim['data']:.0%}): use more DataLoader workers ({_workers(st['workers'])}) or lighter item "
+                            "transforms; on a GPU, pin_memory=True so copies run asynchronously, and augmentation on the device "
+                            "(batch transforms)"))
     if sh['comm']>lim['comm']: res.append(('comm', _comm_advice(st, lim)))
-    if st['imbalance']>lim['imbalance']: res.append(('imbalance', f"rank {st['straggler']} is the straggler: busy {max(st['busy_ms']):.1f} ms per step vs {min(st['busy_ms']):.1f} ms on the fastest rank (+{st['imbalance']:.0%}, limit {lim['imbalance']:.0%}); the others wait for it in the all-reduce: look for uneven data (item sizes, transforms) or a slow rank or device"))
+    if st['imbalance']>lim['imbalance']:
+        res.append(('imbalance', f"rank {st['straggler']} is the straggler: busy {max(st['busy_ms']):.1f} ms per step "
+                                 f"vs {min(st['busy_ms']):.1f} ms on the fastest rank (+{st['imbalance']:.0%}, "
+                                 f"limit {lim['imbalance']:.0%}); the others wait for it in the all-reduce: look for uneven data "
+                                 "(item sizes, transforms) or a slow rank or device"))
     comp = sh['forward']+sh['backward']+sh['step']
-    if comp<lim['compute']: res.append(('batch size', f"the {dev} computes only {comp:.0%} of the step (limit {lim['compute']:.0%}): raise the batch size per rank (bs={st['bs']} now) so computation outweighs the fixed costs of each step"))
-    if sh['callbacks']>lim['callbacks']: res.append(('callbacks', f"callbacks take {sh['callbacks']:.0%} of the step (limit {lim['callbacks']:.0%}): find the slow one (metrics computed every batch, logging, progress; under DDP with distrib_ctx(step_loss=True) fastai's Recorder gathers every rank's loss at each step, which waits for the slowest rank: fastddp's default exchanges it once per epoch)"))
+    if comp<lim['compute']:
+        res.append(('batch size', f"the {dev} computes only {comp:.0%} of the step (limit {lim['compute']:.0%}): raise the batch "
+                                  f"size per rank (bs={st['bs']} now) so computation outweighs the fixed costs of each step"))
+    if sh['callbacks']>lim['callbacks']:
+        res.append(('callbacks', f"callbacks take {sh['callbacks']:.0%} of the step (limit {lim['callbacks']:.0%}): find the slow "
+                                 "one (metrics computed every batch, logging, progress; under DDP with distrib_ctx(step_loss=True) "
+                                 "fastai's Recorder gathers every rank's loss at each step, which waits for the slowest rank: "
+                                 "fastddp's default exchanges it once per epoch)"))
     return res
 
 # %% ../nbs/05_timecost.ipynb #b3fa209e
@@ -258,29 +278,38 @@ def report(self:TimeCost,
     "The table of phases per rank, throughput, imbalance, communication and recommendations"
     st = self.stats(baseline)
     ws = st['ws']
-    ls = [f"time cost: {ws} rank{'s'*(ws>1)}, {st['n']} steps each after {st['skip']} left out, clock {'CUDA events' if st['cuda'] else 'perf_counter'}",
-          *([f"compile: {st['compile']['compiles']} compiles by dynamo in this fit (training and validation; first compiles and recompiles); {st['compile']['steps']} training steps compiled, {st['compile']['secs']:.1f} s beyond the steady state, left out below"] if st['compile']['compiles'] else []),
+    ls = [f"time cost: {ws} rank{'s'*(ws>1)}, {st['n']} steps each after {st['skip']} left out, clock "
+          f"{'CUDA events' if st['cuda'] else 'perf_counter'}",
+          *([f"compile: {st['compile']['compiles']} compiles by dynamo in this fit (training and validation; first compiles and "
+             f"recompiles); {st['compile']['steps']} training steps compiled, {st['compile']['secs']:.1f} s beyond the steady state, left "
+             "out below"] if st['compile']['compiles'] else []),
           f"{'ms per step':<12}"+''.join(f"{f'rank {r}: mean   p50   p90':>28}" for r in range(ws))]
     for p,v in [*st['phases'].items(), ('total', None)]:
         v = v or [(m,m,m) for m in st['step_ms']] # the total row: the mean only
         ls.append(f"{p:<12}"+''.join(f"{m:16.1f}{a:6.1f}{b:6.1f}" if p!='total' else f"{m:16.1f}{'':12}" for m,a,b in v))
-    eff = f"; scaling efficiency {st['eff']:.2f} against {st['eff'] and st['samples_per_s']/st['eff']/ws:.1f} samples/s in one process" if st['eff'] else ''
+    eff = (f"; scaling efficiency {st['eff']:.2f} against {st['eff'] and st['samples_per_s']/st['eff']/ws:.1f} samples/s in one process"
+           if st['eff'] else '')
     ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} (batch {st['bs']} per rank){eff}",
-           f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank {st['straggler']})",
+           f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank "
+           f"{st['straggler']})",
            f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"
            +(f" ({st['comm_ms']:.1f} ms: {st['comm_mbit']:,.0f} Mbit/s effective)" if st['comm_mbit'] else '')]
     mem = [r['mem'] for r in self.ranks]
-    ls.append("memory per rank (MiB, live tensors): "+'; '.join(f"rank {i}: parameters {m['params']:.1f}, gradients {m['grads']:.1f}, optimizer {m['opt']:.1f}"+(f", peak {m['peak']:.1f}" if 'peak' in m else '') for i,m in enumerate(mem)))
+    ls.append("memory per rank (MiB, live tensors): "
+              +'; '.join(f"rank {i}: parameters {m['params']:.1f}, gradients {m['grads']:.1f}, optimizer {m['opt']:.1f}"
+                         +(f", peak {m['peak']:.1f}" if 'peak' in m else '') for i,m in enumerate(mem)))
     tu = getattr(self.learn, 'ddp_tuning', None) # `distrib_ctx(tune=True)`: what it chose, and which knob mattered
     if tu: ls.append(f"DDP tuning: {tune_summary(tu)}")
     tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU
-    if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None): ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
+    if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None):
+        ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
     rs = recommend(st, lim)
     ls += ["recommendations:"]+[f"- {k}: {v}" for k,v in rs] if rs else ["recommendations: none, every factor is within its limit"]
     return Text('\n'.join(ls))
 
 # %% ../nbs/05_timecost.ipynb #4506e07d
-_colors = dict(data='tab:orange', forward='tab:blue', backward='tab:cyan', comm='tab:red', step='tab:green', callbacks='tab:purple', other='tab:gray')
+_colors = dict(data='tab:orange', forward='tab:blue', backward='tab:cyan', comm='tab:red', step='tab:green', callbacks='tab:purple',
+               other='tab:gray')
 
 @patch
 def plot(self:TimeCost,

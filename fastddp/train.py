@@ -32,7 +32,8 @@ class ScaleLR(Callback):
     def before_fit(self):
         self.f,self.set,self.base = lr_factor(self.rule, self.k),None,None
         bs = getattr(self.dls.train, 'bs', None)
-        rank0_print(f"fastddp: lr x{self.f:.3g} ({self.rule} rule); global batch {bs}x{world_size()}x{self.k} = {bs*world_size()*self.k}" if bs else f"fastddp: lr x{self.f:.3g}")
+        rank0_print(f"fastddp: lr x{self.f:.3g} ({self.rule} rule); global batch {bs}x{world_size()}x{self.k} = {bs*world_size()*self.k}"
+                    if bs else f"fastddp: lr x{self.f:.3g}")
     def before_batch(self):
         cur = [h['lr'] for h in self.opt.hypers]
         if self.set is None or cur!=self.set: self.base = cur # a scheduler set new rates (or this is the first step)

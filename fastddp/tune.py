@@ -38,10 +38,15 @@ def candidates(one_mb:int=1024, # the bucket size of 'one bucket' (`one_bucket_m
 def lossy_candidates(one_mb:int=1024, # the bucket size of 'one bucket'
                      accum:int=None): # also accumulate this many batches per optimizer step
     "Candidates that change the numbers, for `tune='lossy'`; `lossy` says how"
-    res = [dict(name='fp16', bucket_cap_mb=one_mb, comm_hook='fp16', lossy='gradients all-reduced in float16 (rounded to 11 significant bits)'),
-           dict(name='powersgd', bucket_cap_mb=one_mb, comm_hook='powersgd', lossy='gradients all-reduced as rank-1 PowerSGD approximations (error feedback)')]
-    if accum and accum>1: res.append(dict(name=f'accum{accum}', bucket_cap_mb=one_mb, accum=accum, static_graph=False, # DDP's static graph fails under `no_sync`
-                                          lossy=f'an optimizer step every {accum} batches: a {accum}x larger global batch, {accum}x fewer steps at the same learning rate'))
+    res = [dict(name='fp16', bucket_cap_mb=one_mb, comm_hook='fp16',
+                lossy='gradients all-reduced in float16 (rounded to 11 significant bits)'),
+           dict(name='powersgd', bucket_cap_mb=one_mb, comm_hook='powersgd',
+                lossy='gradients all-reduced as rank-1 PowerSGD approximations (error feedback)')]
+    # DDP's static graph fails under `no_sync`
+    if accum and accum>1:
+        res.append(dict(name=f'accum{accum}', bucket_cap_mb=one_mb, accum=accum, static_graph=False,
+                        lossy=f'an optimizer step every {accum} batches: a {accum}x larger global batch, {accum}x fewer steps at the same '
+                              'learning rate'))
     return res
 
 # %% ../nbs/02t_tune.ipynb #bdfb9374
@@ -77,7 +82,8 @@ def tune_key(m:nn.Module): # the model (DDP's inner module)
     return hashlib.sha1(s.encode()).hexdigest()[:12]
 
 # %% ../nbs/02t_tune.ipynb #98b0a4b7
-_knob_names = dict(bucket_cap_mb='bucket size', gradient_as_bucket_view='gradient_as_bucket_view', static_graph='static_graph', comm_hook='comm hook', accum='accumulation')
+_knob_names = dict(bucket_cap_mb='bucket size', gradient_as_bucket_view='gradient_as_bucket_view', static_graph='static_graph',
+                   comm_hook='comm hook', accum='accumulation')
 _unset = dict(comm_hook=None, accum=1, gradient_as_bucket_view=False, static_graph=False)
 
 def _val(row, k): return row['settings'].get(k, _unset.get(k))
@@ -96,7 +102,8 @@ def tune_summary(d:dict): # a decision (`learn.ddp_tuning`)
     rows = {r['name']:r for r in d['table']}
     c = rows[d['chosen']]
     s = f"chose {d['chosen']}"
-    if d.get('default') in rows and d['default']!=d['chosen']: s += f", {rows[d['default']]['step_ms']/c['step_ms']:.2f}x faster than the starting settings ({d['default']})"
+    if d.get('default') in rows and d['default']!=d['chosen']:
+        s += f", {rows[d['default']]['step_ms']/c['step_ms']:.2f}x faster than the starting settings ({d['default']})"
     elif d.get('default')==d['chosen']: s += " (the starting settings: no gain here)"
     ef = knob_effects(d)
     if ef: s += "; the knob that mattered: "+', '.join(f"{_knob_names[k]} ({v:.2f}x the step time otherwise)" for k,v in ef.items())
@@ -105,9 +112,11 @@ def tune_summary(d:dict): # a decision (`learn.ddp_tuning`)
 
 def tune_table(d:dict): # a decision (`learn.ddp_tuning`)
     "The table rank 0 prints: candidate, step time, exposed communication, chosen"
-    ls = [f"fastddp: DDP settings tuned on {d['ws']} ranks, {d['steps']} measured steps per candidate, interleaved (the slowest rank's median)",
+    ls = [f"fastddp: DDP settings tuned on {d['ws']} ranks, {d['steps']} measured steps per candidate, interleaved "
+          "(the slowest rank's median)",
           f"{'candidate':<24}{'step ms':>9}{'exposed comm ms':>17}  chosen"]
-    ls += [f"{r['name']:<24}{r['step_ms']:9.2f}{r['comm_ms']:17.2f}  {'*' if r['name']==d['chosen'] else ' '}{'  lossy: '+r['lossy'] if r.get('lossy') else ''}" for r in d['table']]
+    ls += [f"{r['name']:<24}{r['step_ms']:9.2f}{r['comm_ms']:17.2f}  "
+           f"{'*' if r['name']==d['chosen'] else ' '}{'  lossy: '+r['lossy'] if r.get('lossy') else ''}" for r in d['table']]
     return '\n'.join(ls+[tune_summary(d)])
 
 # %% ../nbs/02t_tune.ipynb #c85c9cde
@@ -121,14 +130,17 @@ class Tune(Callback):
     order,run_valid = 71,False # after `DistributedTrainer` (11) has wrapped the model and `Checkpoint` (70) has restored a decision
     steps,reps,settle = 2,2,2 # measured steps per candidate in each round; rounds; steps left out after each change
     def before_fit(self):
-        self.plan,self.p,self.measured,self.n_wraps,self.acc_cb,self.active,self.stepped,self.chained,self.warm = [],0,0,0,None,False,False,False,0
+        (self.plan,self.p,self.measured,self.n_wraps,self.acc_cb,self.active,self.stepped,self.chained,
+         self.warm) = [],0,0,0,None,False,False,False,0
         tr = self.tr = self.learn.distributed_trainer
         self.cc = any(isinstance(o, Compile) for o in self.learn.cbs) # `distrib_ctx(compile=...)`: steps that compile are left out
-        if getattr(tr, 'shard', False): return rank0_print("fastddp: tune=True does nothing with shard=True: a sharded model has no DDP settings to tune")
+        if getattr(tr, 'shard', False):
+            return rank0_print("fastddp: tune=True does nothing with shard=True: a sharded model has no DDP settings to tune")
         m = self.learn.model
         if not isinstance(m, nn.parallel.DistributedDataParallel): return
         # PowerSGD keeps its error feedback and warm start per bucket, in DDP's bucket layout, which every new wrapper rebuilds
-        if tr.comm_hook=='powersgd': return rank0_print("fastddp: tune=True does nothing with comm_hook='powersgd': its state follows DDP's buckets, which a new wrapper rebuilds")
+        if tr.comm_hook=='powersgd': return rank0_print("fastddp: tune=True does nothing with comm_hook='powersgd': its state follows "
+                                                        "DDP's buckets, which a new wrapper rebuilds")
         self.active,self.hook0,self.start0,self.had = True,tr.comm_hook,tr.powersgd_start,bool(tr.comm_hook or tr.comm_stats)
         self.stats0 = getattr(self.learn, 'comm_stats', None) # the trainer's, new for this fit, when it registered its hook
         self.key,self.one = tune_key(m.module),one_bucket_mb(m.module)
@@ -136,7 +148,8 @@ class Tune(Callback):
         d,src = self.known()
         if d is not None: return self.apply(d, src)
         self.cands = [{**c, 'name': _name(c)} for c in self.to_try(m)]
-        self.default = next((c['name'] for c in self.cands if not c.get('lossy') and all({**self.base, **c}[k]==v for k,v in self.base.items())), None)
+        self.default = next((c['name'] for c in self.cands if not c.get('lossy')
+                             and all({**self.base, **c}[k]==v for k,v in self.base.items())), None)
         n = len(self.cands)
         self.plan = [i for r in range(self.reps) for i in (range(n) if r%2==0 else reversed(range(n)))]
         self.times,self.comms,self.n_here = [[] for _ in range(n)],[[] for _ in range(n)],0
@@ -177,7 +190,8 @@ def known(self:Tune):
     if is_rank0():
         d,src = getattr(self.learn, 'ddp_tuning', None),'an earlier fit or a checkpoint'
         fn = self.tr.tune_file
-        if not (d and d.get('key')==self.key): d,src = (json.loads(Path(fn).read_text()).get(self.key),fn) if fn and Path(fn).exists() else (None,None)
+        if not (d and d.get('key')==self.key):
+            d,src = (json.loads(Path(fn).read_text()).get(self.key),fn) if fn and Path(fn).exists() else (None,None)
     o = [d,src]
     dist.broadcast_object_list(o, 0, device=_dev())
     return o if o[0] is not None else (None,None)
@@ -228,7 +242,8 @@ def before_batch(self:Tune):
 
 @patch
 def after_backward(self:Tune):
-    if self.measuring and self.tb is not None: self.ex += time.perf_counter()-self.tb; self.tb = None # the wait for the last bucket's all-reduce
+    # the wait for the last bucket's all-reduce
+    if self.measuring and self.tb is not None: self.ex += time.perf_counter()-self.tb; self.tb = None
 
 @patch
 def after_step(self:Tune): self.stepped = True
@@ -274,7 +289,8 @@ def decide(self:Tune, wrap=True): # train on with the choice (False: the fit is 
     c,t = self.cands[int(i)],t.cpu()
     self.plan,self.p = [],0
     d = dict(key=self.key, ws=world_size(), steps=min(len(v) for v in self.times), chosen=c['name'], default=self.default, settings=c,
-             table=[dict(name=o['name'], step_ms=1e3*float(a), comm_ms=1e3*float(b), lossy=o.get('lossy'), settings=_jsonable(o)) for o,a,b in zip(self.cands, t[0], t[1])],
+             table=[dict(name=o['name'], step_ms=1e3*float(a), comm_ms=1e3*float(b), lossy=o.get('lossy'), settings=_jsonable(o))
+                    for o,a,b in zip(self.cands, t[0], t[1])],
              mine=[1e3*o for o in mine])
     self.learn.ddp_tuning = d
     rank0_print(tune_table(d))
@@ -288,7 +304,10 @@ def after_fit(self:Tune):
     if not self.active: return
     if self.measuring: # the fit was shorter than the measurements (every rank ran the same steps: they agree on this)
         if all(self.times): self.decide(wrap=False)
-        else: rank0_print(f"fastddp: the fit ended before every DDP candidate was measured ({self.measured} steps): nothing decided, the next fit tunes again"); self.plan = []
+        else:
+            rank0_print(f"fastddp: the fit ended before every DDP candidate was measured ({self.measured} steps): nothing decided, the "
+                        "next fit tunes again")
+            self.plan = []
     self.unchain()
     self.tr.comm_hook,self.tr.powersgd_start = self.hook0,self.start0
     if self.acc_cb is not None: self.learn.remove_cb(self.acc_cb); self.acc_cb = None

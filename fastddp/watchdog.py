@@ -35,7 +35,8 @@ def in_collective(frames): # a stack as `traceback.extract_stack` gives it, inne
     return bool(frames) and any(o in frames[-1].filename.replace(os.sep, '/') for o in _waits)
 
 # torch.compile's compiler: dynamo converting a frame, AOTAutograd and inductor compiling, inductor loading what it built
-_compiler = ('/torch/_dynamo/convert_frame.py', '/torch/_inductor/compile_fx.py', '/torch/_inductor/codecache.py', '/torch/_inductor/async_compile.py')
+_compiler = ('/torch/_dynamo/convert_frame.py', '/torch/_inductor/compile_fx.py', '/torch/_inductor/codecache.py',
+             '/torch/_inductor/async_compile.py')
 
 def compiling(frames): # a stack, innermost last
     "Is the stack inside `torch.compile`'s compiler? (the first steps of a compiled model: minutes on a loaded CPU)"
@@ -66,7 +67,8 @@ def write_stacks(ident:int, # the thread that trains
     frames = sys._current_frames()
     names = {t.ident:t.name for t in threading.enumerate()}
     main = traceback.extract_stack(frames[ident]) if ident in frames else []
-    lines = [f'rank {rank()} (pid {os.getpid()}), thread {names.get(ident, ident)} (the one that trains), innermost last:\n', *traceback.format_list(main)]
+    lines = [f'rank {rank()} (pid {os.getpid()}), thread {names.get(ident, ident)} (the one that trains), innermost last:\n',
+             *traceback.format_list(main)]
     for i,f in frames.items():
         if i not in (ident, threading.get_ident()): lines += [f'\nthread {names.get(i, i)}:\n', *traceback.format_stack(f)]
     Path(fn).write_text(''.join(lines))
@@ -161,7 +163,8 @@ def _waited(self:Watchdog, st, s, at, fn):
         except RuntimeError: break
     silent = [r for r in range(world_size()) if r not in rep]
     msg = f"rank {rank()} waited {s+self.grace:.0f} s for other ranks at {at} (stacks: {fn})"
-    if silent: return msg+f"; rank(s) {', '.join(map(str, silent))} made no progress and did not report (busy without releasing Python's lock, or their host is gone)"
+    if silent: return msg+(f"; rank(s) {', '.join(map(str, silent))} made no progress and did not report "
+                           "(busy without releasing Python's lock, or their host is gone)")
     waits = '; '.join(f"rank {r} at {o['at']}" for r,o in rep.items() if r!=rank())
     return msg+f"; every rank waits in a collective, so they called different ones: {waits}"
 
@@ -170,7 +173,8 @@ def _fail(msg, frames=()):
     "End this rank: print `msg`, give it and `frames` to the launcher as the reason, stop the DataLoader workers, exit with code 1"
     print(f"fastddp: {msg}", file=sys.stderr, flush=True)
     fn = os.environ.get('TORCHELASTIC_ERROR_FILE') # where torch's elastic agent (`torchrun`, `fastddp-launch`) reads why a worker failed
-    err = dict(message=f'RankStalled: {msg}', extraInfo=dict(py_callstack=f'RankStalled: {msg}\n'+''.join(traceback.format_list(frames)), timestamp=str(int(time.time()))))
+    err = dict(message=f'RankStalled: {msg}',
+               extraInfo=dict(py_callstack=f'RankStalled: {msg}\n'+''.join(traceback.format_list(frames)), timestamp=str(int(time.time()))))
     try:
         if fn: Path(fn).write_text(json.dumps(dict(message=err)))
     except OSError as e: print(f"fastddp: could not write the launcher's error file {fn}: {e}", file=sys.stderr, flush=True)
@@ -188,7 +192,9 @@ class Heartbeat(Callback):
         s = self.stall if self.stall is not None else stall_time()
         if s<=0: return
         t = distrib_timeout().total_seconds()
-        if s>=t: warn_once(f"FASTDDP_STALL={s:g} is not below FASTDDP_TIMEOUT={t:g}: a collective's timeout may end a hang before the watchdog names the stuck rank")
+        if s>=t:
+            warn_once(f"FASTDDP_STALL={s:g} is not below FASTDDP_TIMEOUT={t:g}: a collective's timeout may end a hang before the watchdog "
+                      "names the stuck rank")
         self.dog = Watchdog(s).start()
     def before_batch(self): beat()
     def after_batch(self): beat()
