@@ -7,25 +7,23 @@ NPROC ?= 2
 
 .PHONY: demo test test-fast test-floor venv venv-floor check export docs chromium slurm bench clean
 
-$(BIN)/.ok: requirements-dev.txt pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements-dev.txt
-	$(BIN)/pip install -q --no-deps -e .
-	touch $@
+# A venv in folder $(1) from the pinned requirements $(2), with fastddp itself installed editable
+define venv_rule
+$(1)/bin/.ok: $(2) pyproject.toml
+	test -x $(1)/bin/python || $(PY) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q -r $(2)
+	$(1)/bin/pip install -q --no-deps -e .
+	touch $$@
+endef
 
+$(eval $(call venv_rule,$(VENV),requirements-dev.txt))
 venv: $(BIN)/.ok
 
 # The floor environment: the oldest releases pyproject.toml admits (requirements-floor.txt), in its own venv.
 FLOOR := .venv-floor
 FBIN := $(FLOOR)/bin
-$(FBIN)/.ok: requirements-floor.txt pyproject.toml
-	test -x $(FBIN)/python || $(PY) -m venv $(FLOOR)
-	$(FBIN)/pip install -q --upgrade pip
-	$(FBIN)/pip install -q -r requirements-floor.txt
-	$(FBIN)/pip install -q --no-deps -e .
-	touch $@
-
+$(eval $(call venv_rule,$(FLOOR),requirements-floor.txt))
 venv-floor: $(FBIN)/.ok
 
 # The smoke subset (tests marked `smoke`: DDP at 2-3 ranks, sharding, DCP checkpoints, launch, the scripts) at the floors.
@@ -48,7 +46,7 @@ check: $(BIN)/.ok
 	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
 
 test: check chromium slurm
-	$(BIN)/python -m pytest -ra --durations=15
+	$(BIN)/python -m pytest -ra --durations=40
 
 # The fast tier for the edit-test loop (a few minutes): everything but the tests marked slow (see tests/conftest.py) and GPU tests.
 test-fast: $(BIN)/.ok chromium

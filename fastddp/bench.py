@@ -236,7 +236,7 @@ mode_runs.update(compiled=(run_fastai, dict(compile=dict(backend='inductor'))))
 
 # %% ../nbs/07_bench.ipynb #7c3d0b05
 # the stop flag's all-reduce: none, every 8 steps (default: every step)
-mode_runs.update(nopreempt=(run_fastai, dict(preempt=0)), preempt8=(run_fastai, dict(preempt=8)))
+mode_runs.update(nopreempt=(run_fastai, dict(preempt=0)), preempt1=(run_fastai, dict(preempt=1)), preempt8=(run_fastai, dict(preempt=8)))
 
 # %% ../nbs/07_bench.ipynb #16f50ef2
 def bench_worker(run, time_cost=False, **kw):
@@ -510,7 +510,7 @@ def main(
          warmup:int=3, # untimed steps first
          reps:int=5, # repetitions of the interleaved series
          # modes or runs (`mode@n`): raw nosync fastai single dp ddp timecost acc2 acc4 acc8 fp16 powersgd bucket_view static_graph
-         # one_bucket bucket_5mb pytorch steploss nowatchdog nopreempt preempt8 shard shard_grads tuned t_<candidate>
+         # one_bucket bucket_5mb pytorch steploss nowatchdog nopreempt preempt1 preempt8 shard shard_grads tuned t_<candidate>
          modes:str='single,raw,ddp',
          world_sizes:str='1,2', # ranks for the modes given without `@n`
          no_time_cost:bool=False, # leave `TimeCost` off: by default the fastai runs also time their phases, shown side by side

@@ -157,7 +157,7 @@ class Checkpoint(Preempt):
                  keep:int=2, # checkpoints to keep
                  # signals that checkpoint every rank at one step and exit with code 75 (`fastddp.preempt`); () for none
                  signals=('SIGTERM', 'SIGUSR1'),
-                 check:int=1, # training steps between two checks for a signal (an asynchronous all-reduce)
+                 check:int=None, # training steps between two checks for a signal (None: about every 50 ms; `Preempt`)
                  # under SLURM, after a SIGUSR1 (`sbatch --signal=USR1@T`), requeue the job once that checkpoint is on disk
                  requeue:bool=True):
         store_attr('path,every,resume,keep,requeue')

@@ -46,21 +46,26 @@ def flag_group():
 
 # %% ../nbs/02p_preempt.ipynb #5cb149ad
 class Preempt(Callback):
-    "On one of `signals`, stop every rank at the same training step (agreed every `check` steps) and exit"
+    "On one of `signals`, stop every rank at the same training step (agreed every `check` steps, or about every `budget` s) and exit"
     order,run_valid,saves = 75,True,False # after `Recorder` (50); `saves`: a subclass writes a checkpoint where it stops
+    # `check=None`: a check about every 50 ms of training (short steps pay a check's ~0.1-0.5 ms once in many), at most 64 steps apart
+    budget,most = 0.05,64
     def __init__(self, signals=('SIGTERM', 'SIGUSR1'), # the signals that stop the fit (names or numbers)
-                 check:int=1): # training steps between two checks of the stop flag
+                 check:int=None): # training steps between two checks of the stop flag; None: the steps that take `budget` s
         self.signals = [signal.Signals(getattr(signal, o) if isinstance(o, str) else o) for o in listify(signals)]
         self.check,self.old,self.wifs,self.active = check,{},[],False
+        self.every,self.t_chk = check or 1,None
 
     def before_fit(self):
         self.got,self.t_sig,self.n_sig,self.work,self.stop = [],None,0,None,None
+        self.every,self.next,self.t_chk = self.check or 1,self.check or 1,None # the first check: after `check` steps, or one
         # `distrib_ctx` adds a plain one to every distributed fit; a `Checkpoint` there does the job instead
         self.active = bool(self.signals) and (self.saves or not any(isinstance(o, Preempt) and o.saves for o in self.learn.cbs))
         if not self.active: return
         if threading.current_thread() is not threading.main_thread():
             self.active = False
-            return warn_once("this fit runs outside the main thread, where Python cannot handle signals: SIGTERM/SIGUSR1 are not handled")
+            return warn_once("this fit runs outside the main thread, where Python cannot handle signals: "
+                             "SIGTERM/SIGUSR1 are not handled")
         self.group = flag_group() if dist.is_initialized() and world_size()>1 else None
         self.old = {s: signal.signal(s, self._handler) for s in self.signals}
         self.wifs = [(dl, dl.__dict__.get('wif')) for dl in self.dls.loaders if hasattr(dl, 'wif')]
@@ -80,6 +85,7 @@ class Preempt(Callback):
             else: dl.wif = w
         self.old,self.wifs = {},[]
 
+
 # %% ../nbs/02p_preempt.ipynb #5228c294
 @patch
 def __getstate__(self:Preempt):
@@ -88,23 +94,38 @@ def __getstate__(self:Preempt):
 
 # %% ../nbs/02p_preempt.ipynb #f3e5200b
 @patch
+def _propose(self:Preempt):
+    "This rank's count of steps to the next check: `check`, or as many of its steps since the last check as take `budget` s"
+    if self.check: return self.check
+    t,i = time.perf_counter(),getattr(self.learn, 'train_iter', 0)
+    if self.t_chk is not None and i<=self.i_chk: return self.every # no step since the last check (`after_fit`'s): nothing new
+    k = 1 if self.t_chk is None or t<=self.t_chk else int(self.budget*(i-self.i_chk)/(t-self.t_chk))
+    self.t_chk,self.i_chk = t,i
+    return max(1, min(self.most, k))
+
+@patch
 def _collect(self:Preempt):
-    "The signals of the all-reduce posted at the last check (none if none was)"
+    "The signals of the all-reduce posted at the last check (none if none was); it also sets the agreed steps to the next check"
     if self.work is None: return []
     self.work.wait(); self.work = None
-    return [s for s,o in zip(self.signals, self.flags.tolist()) if o] # numpy's view of the reduced buffer: no torch call
+    *fl,every = self.flags.tolist() # numpy's view of the reduced buffer: no torch call
+    self.every = -every # the smallest any rank proposed
+    return [s for s,o in zip(self.signals, fl) if o]
 
 @patch
 def _flag(self:Preempt, wait:bool):
     "The signals any rank got: as of the last check, or (`wait`) as of now"
-    if self.group is None: return list(self.got)
+    if self.group is None:
+        self.every = self._propose()
+        return list(self.got)
     prev = self._collect()
     if prev: return prev # every rank read the same answer: nobody posts again
     # a numpy array the all-reduce writes into (a CPU tensor on its own gloo group): reading it is not a device sync
-    self.flags = np.array([s in self.got for s in self.signals], dtype=np.uint8)
+    self.flags = np.array([s in self.got for s in self.signals]+[-self._propose()], dtype=np.int32)
     self.buf = torch.from_numpy(self.flags)
     self.work = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
     return self._collect() if wait else []
+
 
 # %% ../nbs/02p_preempt.ipynb #3b9fee06
 @patch
@@ -126,8 +147,9 @@ def _halt(self:Preempt, s, epoch, it):
 
 @patch
 def after_batch(self:Preempt):
-    if not (self.active and self.training and self.stop is None and self._ready()) or self.train_iter%self.check: return
+    if not (self.active and self.training and self.stop is None and self._ready()) or self.train_iter<self.next: return
     s = self._flag(wait=False)
+    self.next = self.train_iter+self.every # the same on every rank: they all read the same answer here
     if s: self._halt(s, self.epoch, self.iter+1); raise CancelFitException()
 
 @patch
@@ -135,6 +157,7 @@ def after_epoch(self:Preempt):
     if not self.active or self.stop is not None or not self._ready(): return
     s = self._flag(wait=True)
     if s: self._halt(s, self.epoch+1, 0); raise CancelFitException()
+
 
 # %% ../nbs/02p_preempt.ipynb #77b82395
 @patch

@@ -30,7 +30,9 @@ else: print(json.dumps(None))
 @pytest.mark.parametrize('name', [pytest.param(k, marks=pytest.mark.smoke) if k!='pets' else k for k in CASES]) # pets: test_script_shard
 def test_script(name, tmp_path):
     fn,args = CASES[name]
-    for launcher,n in [('python',1), ('fastai',2), ('torchrun',2)]:
+    # each script alone and under a launcher at 2 ranks (the cheap tabular one under both: tests/test_launch covers every launcher)
+    ls = {'tabular': ['fastai', 'torchrun'], 'pets': ['fastai'], 'imdb': ['torchrun']}[name]
+    for launcher,n in [('python',1)]+[(o,2) for o in ls]:
         out = tmp_path/launcher
         rs = run_ranks(str(S/fn), n=n, launcher=launcher, args=args+['--out', out], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
         m = json.loads((out/'metrics.json').read_text())

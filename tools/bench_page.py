@@ -14,7 +14,7 @@ START,END = '<!-- bench:start -->','<!-- bench:end -->'
 D = 'nbs/bench_results'
 # The commands that make the page, in its order; the first one's ratios are README's results table
 COMMANDS = [
-    f"python -m fastddp.bench --modes single,dp,raw,ddp --world-sizes 1,2 --reps 5 --save {D}/01_resnet18.json",
+    f"python -m fastddp.bench --modes single,raw,ddp,nosync --world-sizes 1,2 --reps 5 --png '' --save {D}/01_resnet18.json",
     f"python tools/soak.py --n 100 --save {D}/10_soak_user.json",
     f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' "
     f"--save {D}/11_soak_scripts.json",
@@ -33,8 +33,8 @@ COMMANDS = [
     f"python tools/step_cost.py --steps 300 --warmup 50 --reps 3 --save {D}/21_step_cost.json",
     f"python tools/short_steps.py --blocks 12 --steps 200 --save {D}/22_short_steps_paired.json",
     f"python tools/bench_stream.py --items 8000 --reps 5 --width 1024 --save {D}/21_stream.json",
-    f"python -m fastddp.bench --model tabular --modes ddp,nopreempt,preempt8 --world-sizes 2 --reps 5 --no-time-cost --png '' "
-    f"--save {D}/22_preempt.json",
+    f"python -m fastddp.bench --model mlp --steps 1000 --warmup 50 --modes ddp,nopreempt,preempt1 --world-sizes 2 --reps 5 --no-time-cost "
+    f"--no-hooks --png '' --save {D}/22_preempt.json",
     f"python tools/bench_preempt.py --reps 3 --save {D}/23_preempt_time.json",
     f"python -m fastddp.bench --model resnet18 --size 32 --bs 32 --steps 6 --warmup 3 --modes ddp,compiled --world-sizes 2 --reps 5 "
     f"--no-time-cost --png '' --save {D}/23_compile.json",

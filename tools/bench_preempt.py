@@ -44,7 +44,7 @@ from fastddp.core import *; from fastddp.testing import report
 from fastddp.preempt import Preempt, flag_group
 init_distrib('gloo'); torch.set_num_threads(1)
 reps,n = int(sys.argv[1]),int(sys.argv[2])
-p = Preempt(); p.group,p.got,p.work = flag_group(),[],None
+p = Preempt(check=1); p.group,p.got,p.work = flag_group(),[],None
 res = dict(none=[], flag=[])
 for _ in range(reps):
     for k in res: # interleaved

@@ -23,8 +23,9 @@ def long_lines(s:str, # text of a file or of a cell
 
 def offenders(n:int=MAX): # the longest line allowed
     "A line of text for each line longer than `n` in tracked modules and notebooks' code cells"
+    # a module's first line is nbdev's docstring from its notebook's `> summary`: prose, written in markdown, not code
     res = [f"{p}:{i}: {k} characters" for p in tracked('*.py') if p not in SKIP
-           for i,k in long_lines((ROOT/p).read_text(encoding='utf-8'), n)]
+           for i,k in long_lines((ROOT/p).read_text(encoding='utf-8'), n) if not (p.startswith('fastddp/') and i==1)]
     for p in tracked('nbs/*.ipynb'):
         if p in SKIP: continue
         for c,cell in enumerate(json.loads((ROOT/p).read_text(encoding='utf-8'))['cells'], 1):
