@@ -12,7 +12,7 @@ import os, sys, time, signal, subprocess, threading, torch, numpy as np
 import torch.distributed as dist
 from fastai.basics import *
 from .core import *
-from .watchdog import beat
+from .watchdog import beat, hurry
 # 75, EX_TEMPFAIL in sysexits.h, "try again later": the checkpoint is on disk and the same command resumes
 from .launch import PREEMPTED
 
@@ -50,15 +50,17 @@ class Preempt(Callback):
     order,run_valid,saves = 75,True,False # after `Recorder` (50); `saves`: a subclass writes a checkpoint where it stops
     # `check=None`: a check about every 50 ms of training (short steps pay a check's ~0.1-0.5 ms once in many), at most 64 steps apart
     budget,most = 0.05,64
+    stuck = 20 # seconds: once a signal came, the watchdog names a rank without progress this long (launchers give 30 s)
     def __init__(self, signals=('SIGTERM', 'SIGUSR1'), # the signals that stop the fit (names or numbers)
                  check:int=None): # training steps between two checks of the stop flag; None: the steps that take `budget` s
         self.signals = [signal.Signals(getattr(signal, o) if isinstance(o, str) else o) for o in listify(signals)]
         self.check,self.old,self.wifs,self.active = check,{},[],False
-        self.every,self.t_chk = check or 1,None
+        self.every,self.t_chk,self.step_s = check or 1,None,None
 
     def before_fit(self):
         self.got,self.t_sig,self.n_sig,self.work,self.stop = [],None,0,None,None
-        self.every,self.next,self.t_chk = self.check or 1,self.check or 1,None # the first check: after `check` steps, or one
+        # the first check: after `check` steps, or one
+        self.every,self.next,self.t_chk,self.step_s = self.check or 1,self.check or 1,None,None
         # `distrib_ctx` adds a plain one to every distributed fit; a `Checkpoint` there does the job instead
         self.active = bool(self.signals) and (self.saves or not any(isinstance(o, Preempt) and o.saves for o in self.learn.cbs))
         if not self.active: return
@@ -74,16 +76,20 @@ class Preempt(Callback):
     def _handler(self, s, frame):
         "Only note the signal (a second one too, say SLURM's SIGTERM after its warning): the work waits for a step boundary"
         self.n_sig += 1
+        # a rank stuck before the step every rank must reach is named before the launcher's SIGKILL (slow steps get 3 steps)
+        hurry(max(self.stuck, 3*(self.step_s or 0)))
         if not self.got: self.t_sig,self.it_sig = time.time(),getattr(self.learn, 'train_iter', 0)
         if s not in self.got: self.got.append(signal.Signals(s))
 
     def restore(self):
         "Put back the signal handlers and the loaders' `wif` as they were before the fit"
         for s,h in self.old.items(): signal.signal(s, h)
+        hurry(None)
         for dl,w in self.wifs:
             if w is None: dl.__dict__.pop('wif', None)
             else: dl.wif = w
         self.old,self.wifs = {},[]
+
 
 
 # %% ../nbs/02p_preempt.ipynb #5228c294
@@ -96,12 +102,12 @@ def __getstate__(self:Preempt):
 @patch
 def _propose(self:Preempt):
     "This rank's count of steps to the next check: `check`, or as many of its steps since the last check as take `budget` s"
-    if self.check: return self.check
     t,i = time.perf_counter(),getattr(self.learn, 'train_iter', 0)
     if self.t_chk is not None and i<=self.i_chk: return self.every # no step since the last check (`after_fit`'s): nothing new
-    k = 1 if self.t_chk is None or t<=self.t_chk else int(self.budget*(i-self.i_chk)/(t-self.t_chk))
+    if self.t_chk is not None: self.step_s = max(t-self.t_chk, 1e-9)/(i-self.i_chk) # also for the watchdog after a signal
     self.t_chk,self.i_chk = t,i
-    return max(1, min(self.most, k))
+    if self.check: return self.check
+    return 1 if self.step_s is None else max(1, min(self.most, int(self.budget/self.step_s)))
 
 @patch
 def _collect(self:Preempt):
@@ -127,6 +133,7 @@ def _flag(self:Preempt, wait:bool):
     return self._collect() if wait else []
 
 
+
 # %% ../nbs/02p_preempt.ipynb #3b9fee06
 @patch
 def _ready(self:Preempt): return True # `Checkpoint`: not while it skips what a resumed run has done
@@ -138,6 +145,7 @@ def _halt(self:Preempt, s, epoch, it):
     "Some rank got the signals `s`: write the checkpoint, time it, and remember it for `after_fit`"
     t0 = time.time()
     beat() # the watchdog's clock starts again for the write
+    hurry(None) # every rank reached the step: the write may take longer than `stuck`
     ck = self.save_at(epoch, it)
     t1 = time.time()
     ts = torch.tensor([self.t_sig, self.it_sig] if self.got else [float('inf')]*2, dtype=torch.float64) # the earliest signal on any rank

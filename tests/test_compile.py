@@ -330,8 +330,10 @@ from fastddp.core import *
 from fastddp.testing import report
 from fastddp.watchdog import beat
 def slow(gm, example_inputs):
-    if rank()==0: # beats for 3.5 s first, so rank 1, waiting since before, finds it stalled before it compiles; then compiles 9 s
-        for _ in range(35): time.sleep(0.1); beat()
+    # rank 0 beats for 2.5 s first: rank 1, waiting since before, finds it stalled at 3 s, before rank 0 says (at 2.5+1.5 s)
+    # that it compiles; then it compiles for 9 s
+    if rank()==0:
+        for _ in range(25): time.sleep(0.1); beat()
         time.sleep(9) # FASTDDP_STALL=3
     return gm.forward
 x = torch.randn(64, 8); ds = list(zip(x, (x[:,0]>0).long()))

@@ -150,3 +150,28 @@ def test_sharded(tmp_path, marker):
     assert not wait_gone(marker, 10)
     again = run_ranks(PRE, n=2, args=args)
     for o,r in zip(again, ref): assert torch.equal(_flat(o['w']), _flat(r['w']))
+
+STUCK = '''
+import os, time, signal
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *
+from fastddp.preempt import Preempt
+Preempt.stuck = 4 # the default 20 s: the same path, slower
+class Stuck(Callback):
+    def after_batch(self):
+        if self.training and self.iter==3 and rank()==1:
+            os.kill(os.getppid(), signal.SIGTERM) # to the launcher, which forwards it to both ranks
+            time.sleep(120) # stuck before the step every rank must reach
+x = torch.randn(64, 3); ds = list(zip(x, x.sum(1, keepdim=True)))
+learn = Learner(DataLoaders(DataLoader(ds, bs=4), DataLoader(ds[:8], bs=4), device='cpu'), nn.Linear(3, 1), loss_func=MSELossFlat(),
+                cbs=Stuck())
+with learn.distrib_ctx(): learn.fit(1)
+'''
+
+def test_stuck_after_signal(marker):
+    "A rank stuck after a stop signal is named within `Preempt.stuck` seconds, not FASTDDP_STALL's 180: inside the 30 s grace"
+    rs = run_ranks(STUCK, n=2, args=[marker], check=False, timeout=100)
+    assert rs.rc!=0 and "rank 1 made no progress for 4 s (FASTDDP_STALL=180, 4 s since a stop signal)" in rs.out, rs.out[-3000:]
+    assert "time.sleep(120)" in rs.out, rs.out[-3000:] # where it was stuck
+    assert not wait_gone(marker, 10)
