@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'cpus', 'rank_workers', 'n_workers',
            'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface', 'pick_iface', 'first_host', 'slurm_env',
-           'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed']
+           'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed', 'flag_group']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, socket, ipaddress, datetime
@@ -242,3 +242,14 @@ def is_distributed(learn):
     "Is `learn` training data-parallel now, with a `DistributedTrainer` among its callbacks?"
     from fastai.distributed import DistributedTrainer # here: importing core loads neither fastai nor torch
     return any(isinstance(o, DistributedTrainer) for o in getattr(learn, 'cbs', ())) # a stand-in without callbacks (a metric's test) is not
+
+# %% ../nbs/00_core.ipynb #f82375a3
+_flag_groups = {}
+def flag_group():
+    "A gloo group of every rank for small CPU flags, beside (not queued behind) the training's collectives; None in one process"
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size()>1): return None
+    k = id(dist.group.WORLD)
+    if k not in _flag_groups: _flag_groups[k] = dist.new_group(backend='gloo')
+    return _flag_groups[k]
+

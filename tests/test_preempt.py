@@ -1,6 +1,6 @@
 ("Preemption: a signal to the launcher, to one rank, or from SLURM stops every rank at one step with a checkpoint "
  "there and exit code 75; the same command resumes to the uninterrupted weights, bit for bit")
-import os, sys, time, signal, pytest, torch
+import os, re, sys, time, signal, pytest, torch
 from pathlib import Path
 from fastddp.testing import run_ranks
 from fastddp.preempt import PREEMPTED
@@ -172,6 +172,7 @@ with learn.distrib_ctx(): learn.fit(1)
 def test_stuck_after_signal(marker):
     "A rank stuck after a stop signal is named within `Preempt.stuck` seconds, not FASTDDP_STALL's 180: inside the 30 s grace"
     rs = run_ranks(STUCK, n=2, args=[marker], check=False, timeout=100)
-    assert rs.rc!=0 and "rank 1 made no progress for 4 s (FASTDDP_STALL=180, 4 s since a stop signal)" in rs.out, rs.out[-3000:]
+    named = re.search(r"rank 1 made no progress for [4-9] s \(FASTDDP_STALL=180, 4 s since a stop signal\)", rs.out)
+    assert rs.rc!=0 and named, rs.out[-3000:]
     assert "time.sleep(120)" in rs.out, rs.out[-3000:] # where it was stuck
     assert not wait_gone(marker, 10)

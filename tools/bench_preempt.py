@@ -41,7 +41,8 @@ def once(model, after):
 FLAG = '''
 import sys, time, torch, torch.distributed as dist
 from fastddp.core import *; from fastddp.testing import report
-from fastddp.preempt import Preempt, flag_group
+from fastddp.core import flag_group
+from fastddp.preempt import Preempt
 init_distrib('gloo'); torch.set_num_threads(1)
 reps,n = int(sys.argv[1]),int(sys.argv[2])
 p = Preempt(check=1); p.group,p.got,p.work = flag_group(),[],None

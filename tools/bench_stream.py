@@ -59,7 +59,7 @@ fit('map'); fit('stream') # warm up: imports, first worker start, page cache
 res = []
 for r in range(reps): res.append({k:fit(k) for k in (('map','stream') if r%2==0 else ('stream','map'))})
 # the flag's all-reduce alone, both ranks in step: what the agreement costs where nothing else makes a rank wait
-from fastddp.stream import flag_group
+from fastddp.core import flag_group
 g,t = flag_group(),torch.ones(1, dtype=torch.long)
 distrib_barrier(); t0 = time.perf_counter()
 for _ in range(200): dist.all_reduce(t, op=dist.ReduceOp.MIN, group=g, async_op=True).wait()
