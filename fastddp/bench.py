@@ -23,7 +23,7 @@ from .timecost import TimeCost
 from .tune import candidates
 from .allreduce import run_bench, parse_size, fmt_size
 from .throughput import train_flops
-from .shard import rank_memory
+from .memory import rank_memory
 from .preempt import Preempt
 from .probe import device_peak
 

@@ -19,7 +19,8 @@ from fastai.basics import *
 from fastai.distributed import *
 from .core import *
 from .watchdog import beat
-from .shard import is_sharded, holder, state_dicts
+from .shard import is_sharded
+from .memory import holder, state_dicts
 from .preempt import Preempt
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a

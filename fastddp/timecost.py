@@ -12,7 +12,7 @@ import os, math, time, numpy as np, torch
 from fastai.basics import *
 from fastai.distributed import *
 from .core import *
-from .shard import rank_memory
+from .memory import rank_memory
 from .tune import tune_summary
 from .compile import n_compiles
 

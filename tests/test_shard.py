@@ -13,7 +13,8 @@ from fastai.vision.all import create_vision_model, resnet18, default_split
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.testing import report
-from fastddp.shard import mem_stats, is_sharded
+from fastddp.shard import is_sharded
+from fastddp.memory import mem_stats
 from fastddp.train import Accumulate
 ws,tmp = world_size(),Path(sys.argv[1])
 
@@ -165,7 +166,7 @@ GPU = """
 from fastai.basics import *
 from fastai.distributed import *
 from fastddp.testing import report
-from fastddp.shard import rank_memory
+from fastddp.memory import rank_memory
 x = torch.randn(64,512); ds = list(zip(x, x[:,:1]))
 class Mem(Callback):
     def after_step(self): self.st = rank_memory(self.learn)

@@ -2,7 +2,7 @@
 
 For each width (hidden features of a 4-layer MLP on Adult-shaped inputs), 2 gloo ranks train 3 Adam steps under
 `distrib_ctx()` and under `distrib_ctx(shard=True)`; each rank measures what it holds after a step (parameters +
-gradients + optimizer state, from the live tensors: `fastddp.shard.rank_memory`). A width fits the budget when the
+gradients + optimizer state, from the live tensors: `fastddp.memory.rank_memory`). A width fits the budget when the
 largest rank's total is within it. Memory is deterministic here: one repetition of each is the measurement.
 Usage: python tools/bench_shard_width.py [--budget-mib 64] [--widths 256,512,1024,1536,2048,3072] [--save FILE.json]"""
 import shlex, sys
@@ -14,7 +14,7 @@ import sys
 from fastai.basics import *
 from fastai.distributed import *
 from fastddp.testing import report
-from fastddp.shard import rank_memory
+from fastddp.memory import rank_memory
 w,shard = int(sys.argv[1]),sys.argv[2]=='shard'
 x = torch.randn(48,14); ds = list(zip(x, x[:,:1]))
 class Mem(Callback):
