@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/bench.html.md"""
 # %% auto #0
 __all__ = ['mode_runs', 'ddp_options', 'run_raw', 'run_fastai', 'run_plain', 'runs', 'bench_worker', 'run_mode', 'model_flops',
            'mfu', 'bench', 'ratios', 'step_costs', 'table', 'chart', 'first_batch_s', 'launch_bench', 'launch_table',
-           'allreduce_table', 'machine', 'save_result', 'main']
+           'allreduce_table', 'machine', 'save_result', 'show_result', 'main']
 
 # %% ../nbs/07_bench.ipynb #77b31c53
 import os, sys, time, json, shlex, platform, statistics
@@ -490,6 +490,18 @@ def save_result(fname, # the JSON file to write (its folder is created)
     Path(fname).parent.mkdir(parents=True, exist_ok=True)
     Path(fname).write_text(json.dumps(d, indent=1))
     return d
+
+# %% ../nbs/07_bench.ipynb #76d6bd13
+def show_result(fname, # the JSON file to write, or None to only print
+                kind:str, title:str, command:str, table:str, # as `save_result` takes them
+                **data): # the raw figures
+    "Print `title` and `table`; with `fname`, save them as `save_result` does, and say where"
+    print(title); print(table)
+    if not fname: return None
+    d = save_result(fname, kind, title, command, table, **data)
+    print(f"saved: {fname}")
+    return d
+
 
 # %% ../nbs/07_bench.ipynb #eb8d3484
 def _what(model, size, bs, steps, warmup, reps, hooks=True):

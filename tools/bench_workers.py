@@ -50,12 +50,9 @@ def main():
              f"DataLoader workers per rank, {a.reps} interleaved repetitions, 1 thread per process; "
              f"load average {load0[0]:.1f} before, {load1[0]:.1f} after (a shared machine)")
     t = table(res)
-    print(title); print(t)
-    if a.save:
-        sys.path.insert(0, str(ROOT))
-        from fastddp.bench import save_result
-        save_result(a.save, 'workers', title, 'python tools/bench_workers.py '+shlex.join(sys.argv[1:]), t,
-                    sec_per_epoch={str(k):v for k,v in res.items()}, load=[load0, load1])
-        print(f"saved: {a.save}")
+    sys.path.insert(0, str(ROOT))
+    from fastddp.bench import show_result
+    show_result(a.save, 'workers', title, 'python tools/bench_workers.py '+shlex.join(sys.argv[1:]), t,
+                sec_per_epoch={str(k):v for k,v in res.items()}, load=[load0, load1])
 
 if __name__=='__main__': main()

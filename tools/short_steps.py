@@ -111,11 +111,8 @@ def main():
              f"(left at fastai's default), plain fastai's at {one['workers']}; "
              f"load average {load0[0]:.1f} before, {load1[0]:.1f} after (a shared 2-core machine)")
     t = table(one['res'], two['res'])
-    print(title); print(t)
-    if a.save:
-        from fastddp.bench import save_result
-        save_result(a.save, 'short_steps', title, 'python tools/short_steps.py '+shlex.join(sys.argv[1:]), t, one=one, two=two,
-                    load=[load0, load1])
-        print(f"saved: {a.save}")
+    from fastddp.bench import show_result
+    show_result(a.save, 'short_steps', title, 'python tools/short_steps.py '+shlex.join(sys.argv[1:]), t,
+                one=one, two=two, load=[load0, load1])
 
 if __name__=='__main__': main()

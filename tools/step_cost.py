@@ -150,11 +150,9 @@ def main():
              "1 thread per process, "
              f"median of {a.reps} interleaved repetitions; load average {load0[0]:.1f} before, {load1[0]:.1f} after (a shared machine)")
     t = table(res)
-    print(title); print(t)
-    if a.save:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from fastddp.bench import save_result
-        save_result(a.save, 'step_cost', title, 'python tools/step_cost.py '+shlex.join(sys.argv[1:]), t, runs=res, load=[load0, load1])
-        print(f"saved: {a.save}")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from fastddp.bench import show_result
+    show_result(a.save, 'step_cost', title, 'python tools/step_cost.py '+shlex.join(sys.argv[1:]), t,
+                runs=res, load=[load0, load1])
 
 if __name__=='__main__': main()
