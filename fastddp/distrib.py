@@ -31,6 +31,7 @@ from .shard import Sharded, auto_units
 from .compile import compile_cb, compile_for, no_accel_compile
 from .watchdog import Heartbeat, guard_exit
 from .preempt import Preempt
+from .foreach import use_foreach
 from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
@@ -201,6 +202,7 @@ def before_fit(self:DistributedTrainer):
     self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
     if rank_distrib(): self.learn.logger = noop
     if self.opt is not None: self.opt.set_to_none = True
+    if self.opt is not None: use_foreach(self.opt) # fastai's SGD/Adam on CPU: its step as foreach ops, the same numbers (`fastddp.foreach`)
     if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel): register_hook(self)
     if not self.step_loss and not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
 
@@ -237,7 +239,7 @@ def after_fit(self:DistributedTrainer):
     self.learn.dls.loaders = self.old_dls
     self._restore_workers()
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
-    if self.opt is not None: self.opt.set_to_none = False
+    if self.opt is not None: self.opt.set_to_none = False; use_foreach(self.opt, False)
 
 # %% ../nbs/03_distrib.ipynb #a7c10002
 _tfmd_init,_tfmd_new = TfmdDL.__init__,TfmdDL.new
@@ -375,6 +377,7 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     if sh and gather: sh[0].gather()
     self.remove_cb(DistributedTrainer)
     _cache_dispatch(self, False)
+    if self.opt is not None: use_foreach(self.opt, False) # after a fit that raised, too
     self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, Tune)))
     for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
     for o in self.cbs.filter(lambda o: isinstance(o, Preempt)): o.restore() # the signal handlers, after a fit that raised

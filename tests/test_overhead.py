@@ -51,6 +51,7 @@ class First(Callback):
     def before_train(self): self.workers.add(self.learn.dl.fake_l.num_workers)
     def before_batch(self):
         if not self.training: return
+        self.foreach = self.learn.opt.step.__func__.__name__=='foreach_step' # fastai's SGD on CPU: `fastddp.foreach`
         self.batches.append((self.learn.xb[0].as_subclass(torch.Tensor).clone(), self.learn.yb[0].as_subclass(torch.Tensor).clone()))
         self.mode = Syncs(); self.mode.__enter__()
 class Last(Callback):
@@ -81,12 +82,14 @@ report(steps=fst.steps, syncs=Syncs.n, bar_syncs=Syncs.bar, redraws=redraws[0], 
        same_weights=all(torch.equal(a, b) for a,b in zip(learn.model.parameters(), ref.module.parameters())),
        same_losses=torch.equal(torch.stack([torch.as_tensor(o) for o in learn.recorder.losses]), torch.stack(sm)),
        same_values=[o[0] for o in learn.recorder.values]==[float(sm[(e+1)*steps-1]) for e in range(epochs)],
-       n_losses=len(learn.recorder.losses), dispatch='_call_one' in learn.__dict__)
+       n_losses=len(learn.recorder.losses), dispatch='_call_one' in learn.__dict__, foreach=fst.foreach,
+       foreach_after='step' in learn.opt.__dict__)
 '''
 
 def _check_exact(rs, steps, epochs):
     for o in rs:
         assert o['steps']==steps*epochs and o['n_losses']==steps*epochs
+        assert o['foreach'] and not o['foreach_after'] # the foreach step during the fit only
         assert o['same_weights'], "the weights differ from a plain DDP loop's over the same batches"
         assert o['same_losses'], "the recorded smoothed losses differ from fastai's smoothing of the ranks' mean loss"
         assert o['same_values'], "the epochs' train_loss differs"
