@@ -389,8 +389,7 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
 @patch
 @contextmanager
 @delegates(DistributedTrainer.__init__)
-def distrib_ctx(self:Learner, sync_bn:bool=None,
-        in_notebook:bool=False, # Started by `notebook_launcher`: join (and leave) the process group here
+def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Started by `notebook_launcher`: join and leave the group here
         # `torch.compile` the model in place: True, 'try' (eager when it cannot) or a dict (`backend`, `mode`, `dynamic`, ...); see
         # `fastddp.compile`
         compile=None,

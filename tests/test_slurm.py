@@ -188,7 +188,10 @@ def test_requeue(cluster, tmp_path, marker):
         if state in ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY'): break
         time.sleep(0.5)
     log = (tmp_path/'job.out').read_text()
-    assert state=='COMPLETED' and re.search(r'Restarts=1\b', info), (states, info, log[-3000:])
+    if not (state=='COMPLETED' and re.search(r'Restarts=1\b', info)): # what SLURM itself said, in full
+        d = Path(env['SLURM_CONF']).parent
+        daemons = '\n'.join(f"--- {f.name}:\n{f.read_text()[-2500:]}" for f in sorted(d.glob('slurm*.log')))
+        pytest.fail(f"job states {states}\n{info}\n--- job.out:\n{log[-3000:]}\n{daemons}")
     rs = read_reports(tmp_path, 2)
     st = [o['stop'] for o in rs]
     assert (st[0]['code']==75 and st[0]['sig']=='SIGUSR1' and (st[0]['epoch'],st[0]['it'])==(st[1]['epoch'],st[1]['it'])
