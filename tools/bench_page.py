@@ -40,6 +40,7 @@ COMMANDS = [
     f"--no-time-cost --png '' --save {D}/23_compile.json",
     f"python -m fastddp.bench --model tabular --steps 100 --warmup 5 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost "
     f"--png '' --save {D}/23b_compile_tabular.json",
+    f"python tools/bench_foreach.py --reps 7 --save {D}/24_foreach.json",
 ]
 
 def load(d=RESULTS):
