@@ -65,10 +65,16 @@ def foreach_step(self:Optimizer, closure=None):
 
 # %% ../nbs/02o_foreach.ipynb #a6316b8b
 def use_foreach(opt, on:bool=True):
-    "Give `opt` the foreach `step` (`on`), when it has a `step_kind` and its parameters are plain CPU tensors, or take it back"
-    opt.__dict__.pop('step', None)
+    "Give `opt` the foreach `step` (`on`), when it has a `step_kind` over plain CPU tensors, or take it back; a `step` of your own stays"
+    own = opt.__dict__.get('step')
+    ours = isinstance(own, MethodType) and own.__func__ is foreach_step
+    if not on:
+        if ours: del opt.__dict__['step']
+        return False
+    if own is not None: return ours # a step set on this optimizer object (a wrapper of yours, say) is left as it is
     ps = [p for pg in getattr(opt, 'param_lists', []) for p in pg]
-    if not (on and type(opt) is Optimizer and step_kind(opt) and ps): return False
+    if not (type(opt) is Optimizer and step_kind(opt) and ps): return False
     if not all(type(p.data) is torch.Tensor and p.device.type=='cpu' for p in ps): return False # sharded (`DTensor`), or on a GPU
     opt.step = MethodType(foreach_step, opt)
     return True
+
