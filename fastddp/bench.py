@@ -1,4 +1,4 @@
-"""`python -m fastddp.bench`: samples/s of a hand-written PyTorch loop and of fastai in one process, DataParallel and DDP, with the no-communication bound, as paired ratios; what each run all-reduced, phase times, and JSON results for the benchmark page.
+"""`python -m fastddp.bench`: samples/s of a hand-written PyTorch loop and of fastai, DataParallel and DDP, as paired ratios.
 
 Docs: https://fastddp.github.io/fastddp/bench.html.md"""
 

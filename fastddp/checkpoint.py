@@ -1,4 +1,4 @@
-"""Atomic checkpoints of everything a run needs to continue (weights, optimizer, schedule position, every rank's random state, the data order), and automatic resume after a restart.
+"""Atomic checkpoints of everything a run needs to continue, and automatic resume after a restart.
 
 Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 

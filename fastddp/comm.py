@@ -1,4 +1,4 @@
-"""What DDP sends for the gradients: a communication hook chosen by name (all-reduce, fp16, bf16, PowerSGD), wrapped so that it counts the all-reduces and bytes of every backward pass, and DDP's own options passed through Accelerate.
+"""What DDP sends for the gradients: a communication hook chosen by name (all-reduce, fp16, bf16, PowerSGD).
 
 Docs: https://fastddp.github.io/fastddp/comm.html.md"""
 

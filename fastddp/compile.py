@@ -1,4 +1,4 @@
-"""`torch.compile` under DDP and sharding, the fastai way: `distrib_ctx(compile=True)` compiles the model in place before wrapping, keeps saving, export and checkpoints eager-compatible, and counts recompiles.
+"""`torch.compile` under DDP and sharding, the fastai way: `distrib_ctx(compile=True)` compiles the model in place before wrapping.
 
 Docs: https://fastddp.github.io/fastddp/compile.html.md"""
 

@@ -1,4 +1,4 @@
-"""Where this process stands in a distributed run: rank, world size, backend and device, read from the launcher's environment without importing fastai.
+"""Where this process stands in a distributed run: rank, world size, backend and device, read from the launcher's environment.
 
 Docs: https://fastddp.github.io/fastddp/core.html.md"""
 

@@ -1,4 +1,4 @@
-"""Small datasets laid out exactly like fastai's `URLs.PETS`, `URLs.IMDB_SAMPLE`, `URLs.IMDB` and `URLs.ADULT_SAMPLE`, generated offline in a second, so tests and scripts run with no network.
+"""Small datasets laid out exactly like fastai's `URLs.PETS`, `URLs.IMDB_SAMPLE`, `URLs.IMDB` and `URLs.ADULT_SAMPLE`.
 
 Docs: https://fastddp.github.io/fastddp/data.html.md"""
 

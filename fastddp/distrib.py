@@ -237,7 +237,7 @@ def _mp_policy(self:DistributedTrainer):
 def after_fit(self:DistributedTrainer):
     if not self.shard: self.learn.model = self.learn.model.module # a sharded model stays sharded until the context ends
     self.learn.dls.loaders = self.old_dls
-    self._restore_workers()
+    self._give_workers()
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
     if self.opt is not None: self.opt.set_to_none = False; use_foreach(self.opt, False)
 
@@ -283,7 +283,7 @@ def _share_workers(self:DistributedTrainer):
                       f"processes on {n} CPUs, which slows every rank; num_workers={w} fits (or leave num_workers out)")
 
 @patch
-def _restore_workers(self:DistributedTrainer):
+def _give_workers(self:DistributedTrainer):
     "Give the loaders their own worker counts back"
     for fl,w in getattr(self, 'old_workers', []): fl.num_workers = w
     self.old_workers = []

@@ -1,4 +1,4 @@
-"""`fastddp-doctor`: checks a machine for distributed training (versions, backends, GPUs, ports, shared memory, CPUs), names the fix for each problem in one line, and measures all-reduce bandwidth with `--bench`.
+"""`fastddp-doctor`: checks a machine for distributed training and names the fix for each problem in one line.
 
 Docs: https://fastddp.github.io/fastddp/doctor.html.md"""
 

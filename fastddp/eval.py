@@ -1,4 +1,4 @@
-"""Validation metrics, losses and `get_preds` under DDP equal a single process's, for any world size and dataset size, with one collective per validation pass.
+"""Validation metrics, losses and `get_preds` under DDP equal a single process's, for any world size and dataset size.
 
 Docs: https://fastddp.github.io/fastddp/eval.html.md"""
 

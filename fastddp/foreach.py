@@ -1,4 +1,4 @@
-"""fastai's SGD, SGD with momentum and Adam steps as one foreach call per operation and parameter group: the same numbers bit for bit on CPU, with less Python per step. `distrib_ctx` uses them there.
+"""fastai's SGD, SGD with momentum and Adam steps as one foreach call per operation and parameter group.
 
 Docs: https://fastddp.github.io/fastddp/foreach.html.md"""
 

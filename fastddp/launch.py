@@ -1,4 +1,4 @@
-"""`fastddp-launch` and `python -m fastai.launch`: fastai's launcher, rebuilt on torch's elastic agent, with free ports, per-rank output and failures that stop the whole run.
+"""`fastddp-launch` and `python -m fastai.launch`: fastai's launcher, rebuilt on torch's elastic agent.
 
 Docs: https://fastddp.github.io/fastddp/launch.html.md"""
 

@@ -1,4 +1,4 @@
-"""fastai's `TensorBoardCallback`, `WandbCallback` and `ShowGraphCallback` under `distrib_ctx`: one run, logged by rank 0, no collective run by one rank alone, and every value the exact global one.
+"""fastai's `TensorBoardCallback`, `WandbCallback` and `ShowGraphCallback` under `distrib_ctx`: one run, logged by rank 0.
 
 Docs: https://fastddp.github.io/fastddp/loggers.html.md"""
 

@@ -1,4 +1,4 @@
-"""What a rank holds in parameters, gradients and optimizer state, read from the live tensors, and its peak: measured on a GPU, computed for a sharded model on CPU.
+"""What a rank holds in parameters, gradients and optimizer state, read from the live tensors, and its peak.
 
 Docs: https://fastddp.github.io/fastddp/memory.html.md"""
 

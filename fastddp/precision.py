@@ -1,4 +1,4 @@
-"""`to_fp16()` and `to_bf16()` on the CPU too, where the CPU computes half precision natively; float32, with one line saying why, where it would only emulate it.
+"""`to_fp16()` and `to_bf16()` on the CPU too, where the CPU computes half precision natively.
 
 Docs: https://fastddp.github.io/fastddp/precision.html.md"""
 

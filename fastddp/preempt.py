@@ -1,4 +1,4 @@
-"""SIGTERM or SIGUSR1 stops every rank at the same training step, agreed through the process group; with `Checkpoint` a checkpoint is written there and the process exits with code 75, so that the same command, or a requeued SLURM job, resumes exactly.
+"""SIGTERM or SIGUSR1 stops every rank at the same training step, agreed through the process group.
 
 Docs: https://fastddp.github.io/fastddp/preempt.html.md"""
 

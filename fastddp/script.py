@@ -1,4 +1,4 @@
-"""What `scripts/pets_ddp.py`, `imdb_ddp.py` and `tabular_ddp.py` share: finding the data (real, given, or generated), the training callbacks their flags ask for, and the summary rank 0 writes.
+"""What `scripts/pets_ddp.py`, `imdb_ddp.py` and `tabular_ddp.py` share.
 
 Docs: https://fastddp.github.io/fastddp/script.html.md"""
 

@@ -1,4 +1,4 @@
-"""Sharded data parallel for fastai with PyTorch's FSDP2: parameters, gradients and optimizer state split across ranks, fastai's optimizers and saving kept working.
+"""Sharded data parallel for fastai with PyTorch's FSDP2: parameters, gradients and optimizer state split across ranks.
 
 Docs: https://fastddp.github.io/fastddp/shard.html.md"""
 

@@ -1,4 +1,4 @@
-"""Iterable datasets (WebDataset shards, Hugging Face streaming, your own `IterableDataset`) under DDP: each rank and each DataLoader worker reads its own part, every rank takes the same number of steps, and validation is exact.
+"""Iterable datasets (WebDataset shards, Hugging Face streaming, your own `IterableDataset`) under DDP.
 
 Docs: https://fastddp.github.io/fastddp/stream.html.md"""
 

@@ -1,4 +1,4 @@
-"""Run a script on real ranks under any launcher and collect what each rank reported: the harness of fastddp's tests, notebooks, benchmark and doctor.
+"""Run a script on real ranks under any launcher and collect what each rank reported.
 
 Docs: https://fastddp.github.io/fastddp/testing.html.md"""
 

@@ -1,4 +1,4 @@
-"""Samples, batches and tokens per second, model FLOPs per sample, achieved FLOP/s and MFU (model FLOPs utilisation) of the training steps, per rank and in total.
+"""Samples, batches and tokens per second, FLOPs per sample, FLOP/s and MFU of the training steps, per rank and in total.
 
 Docs: https://fastddp.github.io/fastddp/throughput.html.md"""
 

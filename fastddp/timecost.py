@@ -1,4 +1,4 @@
-"""Where the time of every data-parallel step goes, per rank: waiting for data (and its copy to the device), forward, backward, the all-reduce not hidden behind backward, the optimizer step and the other callbacks; a report with recommendations tied to the numbers, and a plot.
+"""Where the time of every data-parallel step goes, per rank, with a report, recommendations tied to the numbers, and a plot.
 
 Docs: https://fastddp.github.io/fastddp/timecost.html.md"""
 

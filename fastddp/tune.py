@@ -1,4 +1,4 @@
-"""`distrib_ctx(tune=True)`: the first training steps of the real run try a fixed set of exact DDP settings, interleaved; every rank trains on with the fastest.
+"""`distrib_ctx(tune=True)`: the first training steps of the real run try a fixed set of exact DDP settings, interleaved.
 
 Docs: https://fastddp.github.io/fastddp/tune.html.md"""
 

@@ -1,4 +1,4 @@
-"""A rank that stops making progress stops the run within `FASTDDP_STALL` seconds, with one message naming it and the line where it is stuck; no process is left waiting.
+"""A rank that stops making progress stops the run within `FASTDDP_STALL` seconds, with one message naming it.
 
 Docs: https://fastddp.github.io/fastddp/watchdog.html.md"""
 
