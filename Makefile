@@ -46,11 +46,11 @@ check: $(BIN)/.ok
 	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
 
 test: check chromium slurm
-	$(BIN)/python -m pytest -ra --durations=40
+	$(BIN)/python -m pytest -ra --durations=40 -n 2
 
 # The fast tier for the edit-test loop (a few minutes): everything but the tests marked slow (see tests/conftest.py) and GPU tests.
 test-fast: $(BIN)/.ok chromium
-	$(BIN)/python -m pytest -ra -m "not slow" --durations=10
+	$(BIN)/python -m pytest -ra -m "not slow" --durations=10 -n 2
 
 # The docs site: `nbdev-docs` where Quarto is installed, otherwise nbdev's processed notebooks rendered by nbconvert (offline).
 docs: $(BIN)/.ok

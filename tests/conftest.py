@@ -12,9 +12,23 @@ def has_cuda():
 SLOW = {'test_notebooks', 'test_hosts', 'test_slurm', 'test_shard', 'test_tune', 'test_scripts', 'test_checkpoint', 'test_loggers',
         'test_precision', 'test_bench', 'test_distrib', 'test_watchdog', 'test_stream', 'test_compile', 'test_preempt', 'test_overhead'}
 
+# `make test` runs the modules on 2 pytest-xdist workers, a module's tests in one worker (its fixtures made once): the longest
+# modules first, so that neither worker is left with a long one at the end; the two that share the `hosts` namespaces run as one
+LONG = ['test_notebooks', 'test_scripts', 'test_preempt', 'test_checkpoint', 'test_compile', 'test_shard', 'test_bench', 'test_house']
+GROUP = {'test_hosts': 'hosts', 'test_slurm': 'hosts'}
+
+@pytest.hookimpl(optionalhook=True) # only where pytest-xdist is installed (the floor venv has none)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+    class ByModule(LoadScopeScheduling):
+        "xdist's `--dist loadfile`, with the modules of `GROUP` as one (xdist's own `loadgroup` does not group under pytest 9)"
+        def _split_scope(self, nodeid): return GROUP.get(Path(nodeid.split('::')[0]).stem, nodeid.split('::')[0])
+    return ByModule(config, log)
+
 def pytest_collection_modifyitems(config, items):
     for it in items:
         if it.module.__name__ in SLOW: it.add_marker(pytest.mark.slow)
+    items.sort(key=lambda it: LONG.index(it.module.__name__) if it.module.__name__ in LONG else len(LONG)) # stable: order kept within
     if has_cuda(): return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for it in items:
