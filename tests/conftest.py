@@ -20,6 +20,7 @@ GROUP = {'test_hosts': 'hosts', 'test_slurm': 'hosts'}
 @pytest.hookimpl(optionalhook=True) # only where pytest-xdist is installed (the floor venv has none)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
+    config.option.loadscopereorder = False # xdist would put the modules with most tests first: keep `LONG`'s order
     class ByModule(LoadScopeScheduling):
         "xdist's `--dist loadfile`, with the modules of `GROUP` as one (xdist's own `loadgroup` does not group under pytest 9)"
         def _split_scope(self, nodeid): return GROUP.get(Path(nodeid.split('::')[0]).stem, nodeid.split('::')[0])

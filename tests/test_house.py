@@ -79,7 +79,7 @@ with learn.no_bar(), learn.no_logging():
     learn.detach_distributed(); learn.detach_distributed()
     out['trainers_after'] = sum(isinstance(o, DistributedTrainer) for o in learn.cbs)
     learn.path = d # rank 0 saves, every rank loads
-    for i in range(2): learn.save('m'); distrib_barrier(); learn.load('m')
+    for i in range(2): learn.save('m'); distrib_barrier(); learn.load('m'); distrib_barrier() # rank 0's next save overwrites 'm'
     for i in range(2): learn.export('e.pkl')
     distrib_barrier()
     out['export'] = (learn.path/'e.pkl').exists()
