@@ -7,12 +7,9 @@ import os, sys, time, shlex, statistics, argparse
 from functools import partial
 from pathlib import Path
 import torch
-from torch import nn
 
-def mlp():
-    "The bench's short-step MLP (64-512-512-10), with a gradient on every parameter"
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(64,512), nn.ReLU(), nn.Linear(512,512), nn.ReLU(), nn.Linear(512,10))
+def with_grads(m):
+    "`m` (the bench's short-step MLP) with a gradient on every parameter"
     m(torch.randn(32,64)).pow(2).mean().backward()
     return m
 
@@ -29,7 +26,7 @@ def main():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fastai.optimizer import SGD, Adam
     from fastddp.foreach import use_foreach
-    from fastddp.bench import show_result
+    from fastddp.bench import show_result, _model
     torch.set_num_threads(1)
     mks = {'SGD': partial(SGD, lr=1e-3, wd=0.01), 'SGD, momentum 0.9': partial(SGD, lr=1e-3, mom=0.9, wd=0.01),
            'Adam': partial(Adam, lr=1e-5, wd=0.01)}
@@ -37,7 +34,7 @@ def main():
     for _ in range(a.reps):
         for k,mk in mks.items():
             for side in ('fastai', 'foreach'):
-                opt = mk(mlp().parameters())
+                opt = mk(with_grads(_model('mlp')).parameters())
                 if side=='foreach': assert use_foreach(opt)
                 per_step(opt, 20) # warm-up: the state is made at the first step
                 res[k][side].append(per_step(opt, a.steps))
