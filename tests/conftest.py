@@ -23,13 +23,16 @@ def pytest_xdist_make_scheduler(config, log):
     config.option.loadscopereorder = False # xdist would put the modules with most tests first: keep `LONG`'s order
     class ByModule(LoadScopeScheduling):
         "xdist's `--dist loadfile`, with the modules of `GROUP` as one (xdist's own `loadgroup` does not group under pytest 9)"
-        def _split_scope(self, nodeid): return GROUP.get(Path(nodeid.split('::')[0]).stem, nodeid.split('::')[0])
+        def _split_scope(self, nodeid):
+            f = nodeid.split('::')[0]
+            return GROUP.get(Path(f).stem, f)
     return ByModule(config, log)
 
 def pytest_collection_modifyitems(config, items):
     for it in items:
         if it.module.__name__ in SLOW: it.add_marker(pytest.mark.slow)
-    items.sort(key=lambda it: LONG.index(it.module.__name__) if it.module.__name__ in LONG else len(LONG)) # stable: order kept within
+    first = {m:i for i,m in enumerate(LONG)}
+    items.sort(key=lambda it: first.get(it.module.__name__, len(LONG))) # stable: order kept within a module
     if has_cuda(): return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for it in items:
