@@ -84,6 +84,8 @@ class LazyLoss:
     def __init__(self, t): self.t = t
     def __format__(self, spec): return format(self.t.item(), spec or '.4f')
     def __str__(self): return format(self)
+    def __bool__(self): return True # never empty: `bool` would otherwise go through `__len__` and format it
+    def __len__(self): return len(str(self)) # fastprogress 1.0.0 asks the comment's length when it redraws
 
 _pc_after_batch = ProgressCallback.after_batch
 @patch

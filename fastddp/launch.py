@@ -150,10 +150,11 @@ def launch_config(a):
                                       {'rank':a.node_rank, 'timeout':int(distrib_timeout().total_seconds())},'fastddp')
     tee = Std.from_str(','.join(f'{i}:3' for i in range(1,n))) if n>1 else Std.NONE
     logs = DefaultLogsSpecs(log_dir=a.log_dir, tee=tee)
+    # SIGTERM and SIGUSR1 are `Forward`'s; torch < 2.10 has no `signals_to_handle`: its agent takes SIGTERM (see Signals below)
+    sigs = dict(signals_to_handle='SIGINT,SIGHUP,SIGQUIT') if 'signals_to_handle' in LaunchConfig.__dataclass_fields__ else {}
     return LaunchConfig(min_nodes=a.nnodes, max_nodes=a.nnodes, nproc_per_node=n, run_id=rid,
                         rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=cfg, max_restarts=a.max_restarts,
-                        monitor_interval=0.1, logs_specs=logs, log_line_prefix_template='[rank${rank}]:',
-                        signals_to_handle='SIGINT,SIGHUP,SIGQUIT'), msg # SIGTERM and SIGUSR1 are `Forward`'s
+                        monitor_interval=0.1, logs_specs=logs, log_line_prefix_template='[rank${rank}]:', **sigs), msg
 
 # %% ../nbs/01_launch.ipynb #efd8e0d3
 def wait_master(addr:str, port:int, # where node rank 0's launcher listens
@@ -244,7 +245,7 @@ def launch(argv=None):
     logging.getLogger('torch.distributed.elastic').setLevel(logging.CRITICAL)
     for k in list(logging.root.manager.loggerDict): # torch's modules set their own level
         if k.startswith('torch.distributed.elastic'): logging.getLogger(k).setLevel(logging.CRITICAL)
-    fwd = Forward(cfg.shutdown_timeout).install()
+    fwd = Forward(getattr(cfg, 'shutdown_timeout', 30)).install() # torch < 2.10: the agent's fixed 30 s
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
     except ChildFailedError as e:
         if all(f.exitcode==PREEMPTED for f in e.failures.values()): # a signal that reached the ranks only
