@@ -30,7 +30,7 @@ def remove_ddp_hooks(ddp):
 def grad_sync(m):
     "Will FSDP2 module `m`'s next backward reduce the gradients? FSDP2 has a setter (`set_requires_gradient_sync`), no getter"
     st = m._get_fsdp_state()
-    gs = getattr(st, '_fsdp_param_groups', None) # a list of groups in torch 2.14; one group, or None, in 2.7 (the floor)
+    gs = getattr(st, '_fsdp_param_groups', None) # a list of groups in torch 2.14; one group, or None, in 2.9 (the floor)
     return all(g.reduce_grads for g in (gs if gs is not None else [g for g in [st._fsdp_param_group] if g is not None]))
 
 # %% ../nbs/00c_internals.ipynb #d676cdbf
