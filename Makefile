@@ -57,7 +57,7 @@ test: check chromium slurm
 	$(BIN)/python -m pytest -ra --durations=40 -n 2
 
 # The fast tier for the edit-test loop (a few minutes): everything but the tests marked slow (see tests/conftest.py) and GPU tests.
-test-fast: $(BIN)/.ok chromium
+test-fast: $(BIN)/.ok
 	$(BIN)/python -m pytest -ra -m "not slow" --durations=10 -n 2
 
 # The docs site: `nbdev-docs` where Quarto is installed, otherwise nbdev's processed notebooks rendered by nbconvert (offline).

@@ -56,10 +56,11 @@ def test_time_cost_3_ranks(tmp_path):
         for k in ('plain','known','lag','slow'): assert abs(r[k]['mine']/r[k]['wall']-1) < 0.1, (k, r[k]['mine'], r[k]['wall'])
     ph = lambda k,p,i: rs[0][k]['st']['phases'][p][i][1] # median ms per step of phase p on rank i, as rank 0 reports it
     for i in range(3):
-        # known delays land in their phase on every rank: 20 ms in a callback, 40 ms in the optimizer step, 8 items x 3 ms in the loader
-        assert 15 < ph('known','callbacks',i)-ph('plain','callbacks',i) < 30, (i, ph('known','callbacks',i), ph('plain','callbacks',i))
-        assert 35 < ph('known','step',i)-ph('plain','step',i) < 50, (i, ph('known','step',i), ph('plain','step',i))
-        assert 20 < ph('slow','data',i)-ph('plain','data',i) < 40, (i, ph('slow','data',i), ph('plain','data',i))
+        # known delays land in their phase on every rank: 20 ms in a callback, 40 ms in the optimizer step, 8 items x 3 ms in the loader.
+        # A sleep never ends early, so each phase holds at least its delay; what the plain run spends there comes on top, and a
+        # loaded machine inflates the plain run more than one that sleeps: bound the difference from above only
+        for k,p,d,hi in (('known','callbacks',20,30), ('known','step',40,50), ('slow','data',24,40)):
+            assert d-0.5 < ph(k,p,i) and ph(k,p,i)-ph('plain',p,i) < hi, (i, k, p, ph(k,p,i), ph('plain',p,i))
         assert abs(ph('known','forward',i)-ph('plain','forward',i)) < 5 # and not elsewhere
     o = rs[0]['plain']
     st = o['st']
