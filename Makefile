@@ -1,19 +1,23 @@
 # Every target builds .venv from the pinned dev requirements when it is missing, so a fresh clone needs nothing else.
 SHELL := /bin/bash
-PY ?= python3
+# A Python without CPython's fork deadlock (tools/python.sh says why): the suite forks thousands of DataLoader workers under DDP
+PY ?= $(shell tools/python.sh)
+UV := $(shell grep -o '^uv==[0-9.]*' requirements-dev.txt)
 VENV := .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
 
 .PHONY: demo test test-fast test-floor venv venv-floor check export docs chromium slurm bench clean
 
-# A venv in folder $(1) from the pinned requirements $(2), with fastddp itself installed editable
+# A venv in folder $(1) from the pinned requirements $(2), with fastddp itself installed editable.
+# uv (pinned in requirements-dev.txt) installs them: torch from the registry is a ~3 GB CUDA build, which uv fetches and unpacks
+# in well under a minute where pip takes many.
 define venv_rule
 $(1)/bin/.ok: $(2) pyproject.toml
 	test -x $(1)/bin/python || $(PY) -m venv $(1)
-	$(1)/bin/pip install -q --upgrade pip
-	$(1)/bin/pip install -q -r $(2)
-	$(1)/bin/pip install -q --no-deps -e .
+	$(1)/bin/pip install -q $(UV)
+	$(1)/bin/uv pip install -q -p $(1)/bin/python -r $(2)
+	$(1)/bin/uv pip install -q -p $(1)/bin/python --no-deps -e .
 	touch $$@
 endef
 
@@ -21,15 +25,9 @@ $(eval $(call venv_rule,$(VENV),requirements-dev.txt))
 venv: $(BIN)/.ok
 
 # The floor environment: the oldest releases pyproject.toml admits (requirements-floor.txt), in its own venv.
-# Built with uv (pinned in requirements-dev.txt): the floor torch is a CUDA build from the registry, ~3 GB, which uv fetches
-# and unpacks in well under a minute where pip takes many.
 FLOOR := .venv-floor
 FBIN := $(FLOOR)/bin
-$(FBIN)/.ok: requirements-floor.txt pyproject.toml $(BIN)/.ok
-	$(BIN)/uv venv -q --allow-existing -p $(PY) $(FLOOR)
-	$(BIN)/uv pip install -q -p $(FBIN)/python -r requirements-floor.txt
-	$(BIN)/uv pip install -q -p $(FBIN)/python --no-deps -e .
-	touch $@
+$(eval $(call venv_rule,$(FLOOR),requirements-floor.txt))
 venv-floor: $(FBIN)/.ok
 
 # The smoke subset (tests marked `smoke`: DDP at 2-3 ranks, sharding, DCP checkpoints, launch, the scripts) at the floors.

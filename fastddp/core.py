@@ -7,8 +7,8 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'cpus', 'rank_workers', 'n_workers',
-           'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface', 'pick_iface', 'first_host', 'slurm_env',
-           'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed', 'flag_group']
+           'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface', 'pick_iface', 'first_host',
+           'slurm_env', 'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed', 'flag_group']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, socket, ipaddress, datetime
@@ -118,6 +118,13 @@ def rank_workers(n:int, # CPUs usable
 def n_workers():
     "DataLoader workers for each rank of this run: the CPUs this process may use, shared by the launcher's ranks on this machine"
     return rank_workers(cpus()[0], _env_int('LOCAL_WORLD_SIZE', 1))
+
+# %% ../nbs/00_core.ipynb #cb7d398e
+def fork_deadlocks(v:tuple=None): # (major, minor, micro): this Python's when None
+    "Can a child forked on this Python hang when another thread enters Python as it forks (CPython gh-112275)?"
+    v = tuple(v or sys.version_info[:3])
+    return v<(3,10,15) or (3,11)<=v<(3,11,8) or v==(3,12,0)
+
 
 # %% ../nbs/00_core.ipynb #5e75a7af
 def distrib_timeout():

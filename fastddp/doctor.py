@@ -58,12 +58,12 @@ def packages_check(v:dict): # from `versions`
 # %% ../nbs/06_doctor.ipynb #670cc295
 def python_check(v:str): # `platform.python_version()`
     "Warn on a Python whose forked DataLoader workers can deadlock under DDP (CPython gh-112275)"
-    t = tuple(int(o) for o in re.findall(r'\d+', v)[:3])
-    if t<(3,10,15) or (3,11)<=t<(3,11,8):
+    if fork_deadlocks(tuple(int(o) for o in re.findall(r'\d+', v)[:3])):
         return chk('python', v, False,
                    f"Python {v} can deadlock a DataLoader worker as it forks (CPython gh-112275): use Python 3.11.8 or later, "
                    "or num_workers=0", warn=True)
     return chk('python', v)
+
 
 # %% ../nbs/06_doctor.ipynb #7bd5eba4
 def backends():

@@ -9,7 +9,7 @@ __all__ = ['beat', 'idle', 'hurry', 'stall_limit', 'in_collective', 'compiling',
            'guard_exit']
 
 # %% ../nbs/02w_watchdog.ipynb #c5dfdcfa
-import os, sys, time, json, threading, traceback, tempfile, faulthandler, atexit, multiprocessing
+import os, sys, time, json, threading, traceback, tempfile, faulthandler, atexit, multiprocessing, platform
 from pathlib import Path
 import fastddp
 import torch.distributed as dist
@@ -64,13 +64,19 @@ def _lib(fn):
 
 def _frame(f): return f'{f.filename}, line {f.lineno}, in {f.name}'+(f': {f.line.strip()}' if f.line else '')
 
+def _fork_hint():
+    "Why a DataLoader worker may never start on this Python, if it is one of those"
+    if not fork_deadlocks(): return ''
+    return (f" (on Python {platform.python_version()} a worker forked as a gloo or NCCL thread entered Python never starts, CPython "
+            "gh-112275: use Python 3.11.8 or later, or num_workers=0)")
+
 def where(frames): # a stack, innermost last
     "One line saying where a stack is: its innermost frame, the user's innermost frame under it, and a hint"
     if not frames: return 'no Python frame'
     res = _frame(frames[-1])
     own = [f for f in frames if not _lib(f.filename)]
     if own and own[-1] is not frames[-1]: res += f' (called from {_frame(own[-1])})'
-    if any('/torch/utils/data/' in f.filename.replace(os.sep, '/') for f in frames): res += ' - waiting for its DataLoader workers'
+    if any('/torch/utils/data/' in f.filename.replace(os.sep, '/') for f in frames): res += ' - waiting for its DataLoader workers'+_fork_hint()
     return res
 
 # %% ../nbs/02w_watchdog.ipynb #c9a3dfc4
