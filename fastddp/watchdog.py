@@ -76,7 +76,8 @@ def where(frames): # a stack, innermost last
     res = _frame(frames[-1])
     own = [f for f in frames if not _lib(f.filename)]
     if own and own[-1] is not frames[-1]: res += f' (called from {_frame(own[-1])})'
-    if any('/torch/utils/data/' in f.filename.replace(os.sep, '/') for f in frames): res += ' - waiting for its DataLoader workers'+_fork_hint()
+    if any('/torch/utils/data/' in f.filename.replace(os.sep, '/') for f in frames):
+        res += ' - waiting for its DataLoader workers'+_fork_hint()
     return res
 
 # %% ../nbs/02w_watchdog.ipynb #c9a3dfc4
