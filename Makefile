@@ -11,12 +11,13 @@ NPROC ?= 2
 
 # A venv in folder $(1) from the pinned requirements $(2), with fastddp itself installed editable.
 # uv (pinned in requirements-dev.txt) installs them: torch from the registry is a ~3 GB CUDA build, which uv fetches and unpacks
-# in well under a minute where pip takes many.
+# in well under a minute where pip takes many. It compiles the bytecode as pip does: these machines set PYTHONDONTWRITEBYTECODE=1,
+# so without it every process would compile torch and fastai from source as it imports them (3x slower).
 define venv_rule
 $(1)/bin/.ok: $(2) pyproject.toml
 	test -x $(1)/bin/python || $(PY) -m venv $(1)
 	$(1)/bin/pip install -q $(UV)
-	$(1)/bin/uv pip install -q -p $(1)/bin/python -r $(2)
+	$(1)/bin/uv pip install -q --compile-bytecode -p $(1)/bin/python -r $(2)
 	$(1)/bin/uv pip install -q -p $(1)/bin/python --no-deps -e .
 	touch $$@
 endef
