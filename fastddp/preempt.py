@@ -40,8 +40,8 @@ class _Quiet:
 class Preempt(Callback):
     "On one of `signals`, stop every rank at the same training step (agreed every `check` steps, or about every `budget` s) and exit"
     order,run_valid,saves = 75,True,False # after `Recorder` (50); `saves`: a subclass writes a checkpoint where it stops
-    # `check=None`: a check about every 50 ms of training (short steps pay a check's ~0.1-0.5 ms once in many), at most 64 steps apart
-    budget,most = 0.05,64
+    # `check=None`: a check about every 0.5 s of training (a check costs a short step ~0.5-1 ms), at most 512 steps apart
+    budget,most = 0.5,512
     stuck = 20 # seconds: once a signal came, the watchdog names a rank without progress this long (launchers give 30 s)
     def __init__(self, signals=('SIGTERM', 'SIGUSR1'), # the signals that stop the fit (names or numbers)
                  check:int=None): # training steps between two checks of the stop flag; None: the steps that take `budget` s

@@ -14,7 +14,8 @@ from fastai.basics import *
 from fastai.distributed import *
 from fastddp.core import *; from fastddp.testing import report
 from fastddp.checkpoint import Checkpoint, checkpoints
-from fastddp.preempt import Preempted
+from fastddp.preempt import Preempted, Preempt
+Preempt.budget = 0.05 # a check at each of the 50 ms steps below (the default: every 0.5 s), so the stopping step is known
 path,o = Path(sys.argv[1]),dict(a.split('=', 1) for a in sys.argv[2:] if '=' in a)
 flags = set(a for a in sys.argv[2:] if '=' not in a)
 torch.set_num_threads(1)
@@ -34,7 +35,7 @@ class Sig(Callback):
     def after_batch(self):
         at = o.get('at', '')
         if not first or (o.get('to')=='rank1')!=(rank()==1) or (o.get('to')!='rank1' and rank()!=0): return
-        # slow enough for the signal to land mid-epoch, and for the default check (every ~50 ms of steps) to come at every step
+        # slow enough for the signal to land mid-epoch, and for a check (every `Preempt.budget` = 50 ms of steps) at every step
         if self.training and 'nock' not in flags: time.sleep(0.05)
         if self.training and at==f'train@{self.epoch}.{self.iter}': send()
         if not self.training and at==f'valid@{self.epoch}' and self.iter==0: send()
