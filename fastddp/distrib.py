@@ -303,16 +303,6 @@ def _pad_forwards(self:DistributedTrainer):
     with torch.no_grad():
         for _ in range(max(map(dl.n_batches, range(dl.world_size)))-self.n_valid): self.learn.model(*self.xb)
 
-# %% ../nbs/03_distrib.ipynb #b1f5ac70
-@patch
-def after_loss(self:DistributedTrainer):
-    "The loss as a plain tensor: a `TensorBase` sends each later op on it (the backward included) through Python"
-    l = self.learn
-    for k in ('loss_grad', 'loss'):
-        v = l.__dict__.get(k)
-        if isinstance(v, TensorBase): setattr(l, k, v.as_subclass(Tensor))
-
-
 # %% ../nbs/03_distrib.ipynb #99738b59
 @patch
 def before_validate(self:DistributedTrainer):
