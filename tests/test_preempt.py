@@ -25,11 +25,15 @@ class Ck(Checkpoint):
         if 'term2' in flags and self.stop is None and self.got: # a second SIGTERM while the preemption checkpoint is written
             os.kill(os.getppid(), signal.SIGTERM); time.sleep(1)
         return super().write(st, fn)
-def send():
+def send(learn):
     s = getattr(signal, o.get('sig', 'SIGTERM'))
     if o['to']=='launcher': os.kill(os.getppid(), s)
     elif o['to']=='rank1': os.kill(os.getpid(), s)
     elif o['to']=='slurm': subprocess.run(['scancel', '--signal', s.name[3:], os.environ['SLURM_JOB_ID']], check=True)
+    # the step it lands at is the one the test names: wait until this rank has it (through the launcher or SLURM on a busy machine,
+    # a signal can take longer than the rest of a short validation)
+    end = time.time()+20
+    while not any(isinstance(c, Preempt) and c.got for c in learn.cbs) and time.time()<end: time.sleep(0.01)
 class Sig(Callback):
     order = 60
     def after_batch(self):
@@ -37,9 +41,9 @@ class Sig(Callback):
         if not first or (o.get('to')=='rank1')!=(rank()==1) or (o.get('to')!='rank1' and rank()!=0): return
         # slow enough for the signal to land mid-epoch, and for a check (every `Preempt.budget` = 50 ms of steps) at every step
         if self.training and 'nock' not in flags: time.sleep(0.05)
-        if self.training and at==f'train@{self.epoch}.{self.iter}': send()
-        if not self.training and at==f'valid@{self.epoch}' and self.iter==0: send()
-        if self.training and at=='last' and self.epoch==self.n_epoch-1 and self.iter==self.n_iter-1: send()
+        if self.training and at==f'train@{self.epoch}.{self.iter}': send(self.learn)
+        if not self.training and at==f'valid@{self.epoch}' and self.iter==0: send(self.learn)
+        if self.training and at=='last' and self.epoch==self.n_epoch-1 and self.iter==self.n_iter-1: send(self.learn)
         if self.training and self.iter==2: report(wpids=[p.pid for p in multiprocessing.active_children()])
 set_seed(0)
 x = torch.randn(96,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
