@@ -125,7 +125,6 @@ def fork_deadlocks(v:tuple=None): # (major, minor, micro): this Python's when No
     v = tuple(v or sys.version_info[:3])
     return v<(3,10,15) or (3,11)<=v<(3,11,8) or v==(3,12,0)
 
-
 # %% ../nbs/00_core.ipynb #5e75a7af
 def distrib_timeout():
     "How long a collective waits for a peer (`FASTDDP_TIMEOUT` seconds, default 300)"

@@ -64,7 +64,6 @@ def python_check(v:str): # `platform.python_version()`
                    "or num_workers=0", warn=True)
     return chk('python', v)
 
-
 # %% ../nbs/06_doctor.ipynb #7bd5eba4
 def backends():
     "Which process-group backends this torch has, and the one fastddp uses here"
