@@ -2,7 +2,7 @@
 # The Python that `make` builds the venvs on: the first one found without CPython's fork deadlock (gh-112275: a DataLoader
 # worker forked while a gloo or NCCL thread enters Python never starts; fixed in 3.11.8 and 3.12.1), else python3 with a warning.
 fixed='import sys; v = sys.version_info[:3]; sys.exit(not ((3,11,8) <= v < (3,12) or v >= (3,12,1)))'
-for p in python3 python3.12 python3.13 "$(pyenv root 2>/dev/null)"/versions/3.12.*/bin/python3.12; do
+for p in python3 python3.12 python3.13 "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12.*/bin/python3.12; do
   "$p" -c "$fixed" 2>/dev/null && { command -v "$p"; exit 0; }
 done
 echo "tools/python.sh: no Python >= 3.11.8 found; python3 can hang a DataLoader worker in the tests (CPython gh-112275)" >&2
