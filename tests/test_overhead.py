@@ -47,7 +47,7 @@ def update_bar(self, val): redraws[0] += 1; return _ub(self, val)
 ProgressBar.update_bar = update_bar # this test's own counter of the bar's redraws
 class First(Callback):
     order = -1e9
-    def before_fit(self): self.batches,self.steps,self.workers = [],0,set()
+    def before_fit(self): self.batches,self.steps,self.workers,self.loss_types = [],0,set(),set()
     def before_train(self): self.workers.add(self.learn.dl.fake_l.num_workers)
     def before_batch(self):
         if not self.training: return
@@ -59,6 +59,7 @@ class Last(Callback):
     def after_batch(self):
         if not self.training: return
         self.learn.first.mode.__exit__(None, None, None); self.learn.first.steps += 1
+        self.learn.first.loss_types.add(type(self.learn.loss).__name__)
 
 learn = Learner(dls, model(), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.05, cbs=[First(), Last()])
 with learn.distrib_ctx(): learn.fit(epochs)
@@ -83,13 +84,15 @@ report(steps=fst.steps, syncs=Syncs.n, bar_syncs=Syncs.bar, redraws=redraws[0], 
        same_losses=torch.equal(torch.stack([torch.as_tensor(o) for o in learn.recorder.losses]), torch.stack(sm)),
        same_values=[o[0] for o in learn.recorder.values]==[float(sm[(e+1)*steps-1]) for e in range(epochs)],
        n_losses=len(learn.recorder.losses), dispatch='_call_one' in learn.__dict__, foreach=fst.foreach,
-       foreach_after='step' in learn.opt.__dict__)
+       foreach_after='step' in learn.opt.__dict__, loss_types=sorted(fst.loss_types),
+       loss_after=type(learn.loss_func(torch.randn(2, 4), torch.tensor([0, 1]))).__name__)
 '''
 
 def _check_exact(rs, steps, epochs):
     for o in rs:
         assert o['steps']==steps*epochs and o['n_losses']==steps*epochs
         assert o['foreach'] and not o['foreach_after'] # the foreach step during the fit only
+        assert o['loss_types']==['Tensor'] and o['loss_after']=='TensorBase' # the flattened loss on plain tensors during the fit only
         assert o['same_weights'], "the weights differ from a plain DDP loop's over the same batches"
         assert o['same_losses'], "the recorded smoothed losses differ from fastai's smoothing of the ranks' mean loss"
         assert o['same_values'], "the epochs' train_loss differs"
