@@ -342,6 +342,13 @@ def _call_one(self:Learner, event_name):
     if cbs is None: cbs = c[event_name] = [cb for cb in self.cbs.sorted('order') if event_name=='after_fit' or hasattr(cb, event_name)]
     for cb in cbs: cb(event_name)
 
+_learner_call = Learner.__call__
+@patch
+def __call__(self:Learner, event_name):
+    "fastai's, with one event going straight to the cached dispatch (fastai makes an `L` of the name to `map` over it)"
+    if isinstance(event_name, str) and '_cb_cache' in self.__dict__: self._call_one(event_name)
+    else: _learner_call(self, event_name)
+
 def _cache_dispatch(learn, on:bool=True):
     "Make `learn` dispatch its events through the cached `_call_one` (`on`), or through fastai's again"
     if on: learn._cb_cache,learn._call_one = {},MethodType(_call_one, learn)
