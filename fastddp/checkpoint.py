@@ -158,7 +158,7 @@ class Checkpoint(Preempt):
                  keep:int=2, # checkpoints to keep
                  # signals that checkpoint every rank at one step and exit with code 75 (`fastddp.preempt`); () for none
                  signals=('SIGTERM', 'SIGUSR1'),
-                 check:int=None, # training steps between two checks for a signal (None: about every 50 ms; `Preempt`)
+                 check:int=None, # training steps between two checks for a signal (None: about every 0.5 s; `Preempt`)
                  # under SLURM, after a SIGUSR1 (`sbatch --signal=USR1@T`), requeue the job once that checkpoint is on disk
                  requeue:bool=True):
         store_attr('path,every,resume,keep,requeue')
