@@ -14,7 +14,8 @@ START,END = '<!-- bench:start -->','<!-- bench:end -->'
 D = 'nbs/bench_results'
 # The commands that make the page, in its order; the first one's ratios are README's results table
 COMMANDS = [
-    f"python -m fastddp.bench --modes single,raw,ddp,nosync --world-sizes 1,2 --reps 5 --png '' --save {D}/01_resnet18.json",
+    f"python -m fastddp.bench --modes single,raw,ddp,nosync --world-sizes 1,2 --steps 25 --reps 6 --no-time-cost --no-hooks --png '' "
+    f"--save {D}/01_resnet18.json",
     f"python tools/soak.py --n 100 --save {D}/10_soak_user.json",
     f"python tools/soak.py --n 50 --launcher fastddp --script scripts/tabular_ddp.py --args '--synthetic 2000 --epochs 2' "
     f"--save {D}/11_soak_scripts.json",
@@ -94,6 +95,11 @@ def summary(rs):
     short = [o for n,o in rs if n.startswith('18_short_steps')] # short steps (the MLP): fastddp against the hand-written loop
     if short: ls += [f"| short steps (mlp): {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |"
                      for k,(md,lo,hi,_) in ratios(short[0]['samples_per_s']).items() if k.startswith('ddp@2 / raw@2')]
+    paired = [o for n,o in rs if n.startswith('22_short_steps_paired')] # the same, blocks alternating within one launch
+    if paired:
+        from short_steps import summary as paired_summary # this folder's `tools/short_steps.py`
+        (md,lo,hi),*_ = paired_summary(paired[0]['two']['res'])
+        ls += [f"| short steps (mlp), paired within one launch (`tools/short_steps.py`): fastddp@2 / raw@2 | {md:.2f} | {lo:.2f}-{hi:.2f} |"]
     return (f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")
 
