@@ -99,7 +99,8 @@ def summary(rs):
     if paired:
         from short_steps import summary as paired_summary # this folder's `tools/short_steps.py`
         (md,lo,hi),*_ = paired_summary(paired[0]['two']['res'])
-        ls += [f"| short steps (mlp), paired within one launch (`tools/short_steps.py`): fastddp@2 / raw@2 | {md:.2f} | {lo:.2f}-{hi:.2f} |"]
+        k = "short steps (mlp), paired within one launch (`tools/short_steps.py`): fastddp@2 / raw@2"
+        ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |"]
     return (f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")
 
