@@ -147,7 +147,6 @@ def check_args(model=None, # the model, to check `shard_modules` against
     if bad:
         raise DistribError(f"shard_modules: no module named {', '.join(map(repr, bad))} in this model (see `learn.model.named_modules()`)")
 
-
 # %% ../nbs/03_distrib.ipynb #6b4d417b
 def _has_bn(m): return any(isinstance(o, nn.modules.batchnorm._BatchNorm) for o in m.modules())
 
@@ -373,7 +372,6 @@ def plain_loss(lf, on:bool=True):
     if on: lf._contiguous = partial(_plain, lf.axis) # an instance attribute: `BaseLoss.__call__` looks it up on `self`
     else: lf.__dict__.pop('_contiguous', None)
     return True
-
 
 # %% ../nbs/03_distrib.ipynb #5c315e5d
 @patch
