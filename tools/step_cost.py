@@ -123,7 +123,7 @@ def table(res):
     ls = ["| ms per training step | "+" | ".join(cols)+" |", "|---|"+"---|"*len(cols)]
     for k in keys:
         ls.append(f"| {NAMES.get(k, k)} | "+" | ".join(f"{med(c, k):.3f}" if any(k in o['ms'] for o in res[c]) else '' for c in cols)+" |")
-    ls.append("| the rest of fastai's loop (`one_batch`, `_with_events`, `Learner.__call__`), unattributed | "+" | ".join(
+    ls.append("| the rest of fastai's loop (`one_batch`, `_with_events`, the learner's event calls), unattributed | "+" | ".join(
         f"{statistics.median(o['ms']['total step']-sum(v for k,v in o['ms'].items() if k!='total step') for o in res[c]):.3f}"
         for c in cols)+" |")
     ls.append("| **total step (instrumented)** | "+" | ".join(f"**{med(c, 'total step'):.3f}**" for c in cols)+" |")
