@@ -29,6 +29,8 @@ def test_quarto_config():
     stale = set(sidebar_pages())-set(notebooks())
     assert not stale, f"nbs/sidebar.yml names {sorted(stale)}, which nbs/ does not have"
 
+BUILD = {} # what the `site` fixture's build printed
+
 def _free_port():
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
@@ -40,6 +42,7 @@ def site():
                        capture_output=True, text=True, timeout=600)
     assert p.returncode==0, p.stdout[-2000:]+p.stderr[-4000:]
     print(f"docs built in {time.time()-t:.1f} s")
+    BUILD['log'] = p.stdout+p.stderr
     port = _free_port()
     srv = subprocess.Popen([sys.executable, '-m', 'http.server', str(port), '--bind', '127.0.0.1', '--directory', str(DOCS)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -70,7 +73,7 @@ def browser(tmp_path_factory):
 _JS = """return {title: document.title, text: document.body.innerText,
   links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
   nav: Array.from(document.querySelectorAll('nav.sidebar a[href]')).map(a => a.href),
-  ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id)}"""
+  ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id), complete: !!document.querySelector('footer.footer')}"""
 
 def _page(u):
     "The page a same-site URL names (`.../` is its index.html), without the fragment"
@@ -84,8 +87,10 @@ def crawl(site, browser):
     while todo:
         u = todo.pop(0)
         if u in seen or not (DOCS/u[len(site):]).is_file(): continue
-        browser.get(u)
-        info = browser.execute_script(_JS)
+        for _ in range(3): # a page cut short in transit (the footer is its last element) is fetched again
+            browser.get(u)
+            info = browser.execute_script(_JS)
+            if info['complete']: break
         info['errors'] = [e['message'] for e in browser.get_log('browser') if e['level'] in ('SEVERE', 'ERROR')]
         seen[u] = info
         todo += [_page(l) for l in info['links'] if l.startswith(site)]
@@ -104,8 +109,13 @@ def test_pages_load_cleanly(site, crawl):
     "Every page has a title, no console errors, and the sidebar links to every page"
     allp = {site+p for p in _html_files()}
     for u,o in crawl.items():
-        assert o['title'] and not o['errors'], (u, o['errors'])
+        assert o['title'] and o['complete'] and not o['errors'], (u, o['complete'], o['errors'])
         assert {_page(l) for l in o['nav']}==allp, (u, allp-{_page(l) for l in o['nav']})
+
+def test_build_runs_no_examples(site):
+    "nbdev runs every cell that imports while it builds the docs: an example's imports sit in a cell of their own, so only they run"
+    cells = re.findall(r'Found cells containing imports and other code.*?\n---\n(.*?)\n---', BUILD['log'], re.S)
+    assert not cells, "put the imports of these cells in a cell above them:\n\n"+'\n\n'.join(cells)
 
 def test_internal_links_resolve(site, crawl):
     "Links between pages (notebook links and nbdev's symbol links) reach a page, and the anchor on it"
@@ -115,7 +125,10 @@ def test_internal_links_resolve(site, crawl):
             if not l.startswith(site): continue
             frag = urldefrag(l)[1]
             tgt = crawl.get(_page(l))
-            if tgt is None or (frag and frag not in tgt['ids']): bad.append(f"{u[len(site):]} -> {l[len(site):]}")
+            if tgt is None or (frag and frag not in tgt['ids']):
+                f = DOCS/_page(l)[len(site):]
+                on_disk = f.is_file() and f'id="{frag}"' in f.read_text()
+                bad.append(f"{u[len(site):]} -> {l[len(site):]}" + (" (in the file, not in what the browser got)" if on_disk else ""))
     assert not bad, '\n'.join(bad)
 
 def test_api_pages_show_exports(site, crawl):
