@@ -83,12 +83,13 @@ def launch(n, blocks, steps, warmup, budget=0):
     return run_ranks(WORKER, n=n, args=[blocks, steps, warmup, budget], launcher='fastddp' if n>1 else 'python',
                      env={'OMP_NUM_THREADS': '1'}, timeout=1800)[0]
 
+def spread(v): return statistics.median(v), min(v), max(v)
+
 def summary(r):
     "(median, min, max) of the block pairs' ratio raw/fastai (speed of fastai relative to the hand-written loop) and of fastai − raw in ms"
     ra = [a/b for a,b in zip(r['raw'], r['fastai'])]
     d = [b-a for a,b in zip(r['raw'], r['fastai'])]
-    f = lambda v: (statistics.median(v), min(v), max(v))
-    return f(ra), f(d), statistics.median(r['raw']), statistics.median(r['fastai'])
+    return spread(ra), spread(d), statistics.median(r['raw']), statistics.median(r['fastai'])
 
 def table(one, two, budget=0):
     (r1,d1,a1,b1),(r2,d2,a2,b2) = summary(one),summary(two)
@@ -101,9 +102,9 @@ def table(one, two, budget=0):
           "", f"What fastddp adds under DDP beyond fastai's own loop: "
               f"(fastddp@2 − raw@2) − (fastai@1 − raw@1) = {d2[0]-d1[0]:.3f} ms per step (medians; target ≤ 0.2)"]
     if 'budget' in two: # the same fastddp fit with another `Preempt.budget`, paired with the default's blocks
-        dd = [b-a for a,b in zip(two['fastai'], two['budget'])]
+        dd = spread([b-a for a,b in zip(two['fastai'], two['budget'])])
         ls += ["", f"With `Preempt.budget = {budget:g}` s: {statistics.median(two['budget']):.3f} ms/step; it minus the default, "
-                   f"median of block pairs {statistics.median(dd):.3f} ms/step (spread {min(dd):.3f} to {max(dd):.3f})"]
+                   f"median of block pairs {dd[0]:.3f} ms/step (spread {dd[1]:.3f} to {dd[2]:.3f})"]
     return '\n'.join(ls)
 
 def main():
