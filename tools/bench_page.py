@@ -1,5 +1,5 @@
-"""Write the benchmarks page `nbs/benchmarks.ipynb`, and the front page's results table (in `nbs/index.ipynb`, then README), \
-from the JSON results in `nbs/bench_results/`.
+"""Write the benchmarks page `nbs/benchmarks.ipynb`, the front page's results table (in `nbs/index.ipynb`, then README) and the
+step-cost table of the time-cost tutorial, from the JSON results in `nbs/bench_results/`.
 
 Every table on the page comes from a result file that a benchmark command wrote with `--save` (`python -m fastddp.bench`,
 `tools/bench_scripts.py`, `tools/bench_accuracy.py`), in file-name order, with its command, machine and date. Nothing on
@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS,PAGE,INDEX = ROOT/'nbs'/'bench_results',ROOT/'nbs'/'benchmarks.ipynb',ROOT/'nbs'/'index.ipynb'
+# a tutorial's code cell does not run when the docs are built (nbdev runs only notebooks that export), so its table is written here
+TUTORIAL,STEP_COST = ROOT/'nbs'/'tutorials'/'03_time_cost.ipynb','21_step_cost.json'
 START,END = '<!-- bench:start -->','<!-- bench:end -->'
 D = 'nbs/bench_results'
 # The commands that make the page, in its order; the first one's ratios are README's results table
@@ -104,7 +106,12 @@ def summary(rs):
     return (f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")
 
-def write_index(fn, s):
+def step_cost(rs):
+    "The time-cost tutorial's table: what each part of a short step costs, with its command, machine and date"
+    r = dict(rs)[STEP_COST]
+    return f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n{r['table']}"
+
+def write_marked(fn, s):
     "Put `s` between the markers of the markdown cell of notebook `fn` that has them"
     nb = json.loads(Path(fn).read_text())
     c = next(c for c in nb['cells'] if START in ''.join(c['source']))
@@ -125,8 +132,9 @@ def main(results=RESULTS, out=PAGE, index=INDEX):
     rs = load(results)
     if Path(results)==RESULTS: check(rs)
     Path(out).write_text(json.dumps(page(rs), indent=1, ensure_ascii=False)+'\n')
-    if index: write_index(index, summary(rs))
-    if Path(index)==INDEX: # and the README made from it
+    if index: write_marked(index, summary(rs))
+    if Path(index)==INDEX: # the tutorial's table, and the README made from the index
+        write_marked(TUTORIAL, step_cost(rs))
         sys.path.insert(0, str(ROOT/'tools'))
         import readme; readme.main()
     print(f"{out}: {len(rs)} results from {results}")
