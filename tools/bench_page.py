@@ -62,6 +62,10 @@ def machine(m):
     gpus = ', '.join(m.get('gpus') or []) or 'no GPU'
     return f"{m['cpu']}, {m['cores']} CPUs, {gpus}; torch {m['torch']}, fastai {m['fastai']}, Python {m['python']}"
 
+def provenance(r):
+    "What result `r` is, its command, machine and date, in one line (above a table placed outside the benchmarks page)"
+    return f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}."
+
 def section(name, r):
     "One result as markdown: what, the command, the machine, the date, the tables"
     return (f"## {r['title']}\n`{r['command']}`\n\nMachine: {machine(r['machine'])}. Date: {r['date']}. File: `{D}/{name}`.\n\n"
@@ -103,13 +107,13 @@ def summary(rs):
         (md,lo,hi),*_ = paired_summary(paired[0]['two']['res'])
         k = "short steps (mlp), paired within one launch (`tools/short_steps.py`): fastddp@2 / raw@2"
         ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |"]
-    return (f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n"+'\n'.join(ls)
+    return (provenance(r)+"\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")
 
 def step_cost(rs):
     "The time-cost tutorial's table: what each part of a short step costs, with its command, machine and date"
     r = dict(rs)[STEP_COST]
-    return f"{r['title']}; `{r['command']}`; {machine(r['machine'])}; {r['date']}.\n\n{r['table']}"
+    return provenance(r)+"\n\n"+r['table']
 
 def write_marked(fn, s):
     "Put `s` between the markers of the markdown cell of notebook `fn` that has them"
