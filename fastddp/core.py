@@ -6,9 +6,10 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
-           'default_backend', 'check_gpu', 'check_backend', 'distrib_device', 'cpus', 'rank_workers', 'n_workers',
-           'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface', 'pick_iface', 'first_host',
-           'slurm_env', 'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed', 'flag_group']
+           'default_backend', 'check_gpu', 'shared_gpu', 'check_backend', 'on_gpu', 'distrib_device', 'cpus',
+           'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface',
+           'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed',
+           'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, socket, ipaddress, datetime
@@ -62,36 +63,62 @@ def has_cuda():
 
 # %% ../nbs/00_core.ipynb #f7038302
 def default_backend():
-    "nccl when there is a GPU, gloo otherwise"
-    return 'nccl' if has_cuda() else 'gloo'
+    "nccl when there is a GPU, gloo otherwise (and when the ranks share the GPUs, `shared_gpu`)"
+    return 'nccl' if has_cuda() and not shared_gpu() else 'gloo'
 
 # %% ../nbs/00_core.ipynb #5bae9e30
 def check_gpu(lr:int=None, # local rank (`LOCAL_RANK` when None)
               n:int=None): # visible GPUs (counted when None)
-    "Raise one clear error when local rank `lr` has no GPU of its own among the `n` visible"
+    "The GPU index of local rank `lr` among the `n` visible, as Accelerate picks it (`lr % n`); one clear error when none is visible"
     import torch
     lr = local_rank() if lr is None else lr
     n = torch.cuda.device_count() if n is None else n
     vis = os.environ.get('CUDA_VISIBLE_DEVICES')
-    if lr>=n: raise DistribError(f"LOCAL_RANK={lr} needs GPU {lr}, but only {n} GPU(s) are visible"
-                                 +(f" (CUDA_VISIBLE_DEVICES={vis})" if vis else "")+": start at most one process per GPU")
-    return lr
+    if n<1: raise DistribError("no GPU is visible to this process"+(f" (CUDA_VISIBLE_DEVICES={vis})" if vis is not None else ""))
+    # SLURM's `--gpus-per-task=1` shows each task its own GPU as GPU 0, whatever its local rank: `lr % n` is the one it sees.
+    # Two ranks of a host on one GPU are told apart once the group exists (`check_distinct_gpus`): nccl refuses them
+    return lr % n
+
+# %% ../nbs/00_core.ipynb #673d5b3f
+def shared_gpu():
+    "Do the ranks share the visible GPUs over gloo (`FASTDDP_SHARE_GPU=1`)? A way to run multi-rank CUDA code on a one-GPU machine"
+    return os.environ.get('FASTDDP_SHARE_GPU', '') not in ('', '0')
 
 # %% ../nbs/00_core.ipynb #29351692
+_backends,_devices = ('nccl','gloo','mpi'),('cpu','cuda')
+
+def _per_device(be):
+    "`{'cpu': 'gloo', 'cuda': 'nccl'}` for torch's per-device form 'cpu:gloo,cuda:nccl'"
+    try: res = dict(o.split(':') for o in be.split(','))
+    except ValueError: res = {}
+    if not res or any(k not in _devices or v not in _backends for k,v in res.items()):
+        raise DistribError(f"backend {be!r}: expected 'nccl', 'gloo', or a backend per device such as 'cpu:gloo,cuda:nccl'")
+    return res
+
 def check_backend(backend=None):
     "Return `backend` (or the default), with one clear error if this machine cannot run it"
     be = backend or default_backend()
-    if be not in ('nccl','gloo','mpi'): raise DistribError(f"backend {be!r}: expected 'nccl' (GPUs) or 'gloo' (CPU)")
-    if be=='nccl' and not has_cuda():
-        raise DistribError("backend 'nccl' needs a CUDA GPU and this machine has none: use backend='gloo' (or leave it out)")
-    if be=='nccl': check_gpu()
+    if ':' in be: _per_device(be)
+    elif be not in _backends: raise DistribError(f"backend {be!r}: expected 'nccl' (GPUs) or 'gloo' (CPU)")
+    if 'nccl' in be and not has_cuda():
+        raise DistribError(f"backend {be!r} needs a CUDA GPU and this machine has none: use backend='gloo' (or leave it out)")
+    if shared_gpu():
+        if 'nccl' in be: raise DistribError(f"FASTDDP_SHARE_GPU=1 shares the GPUs over gloo: backend {be!r} cannot (nccl wants one GPU "
+                                            "per rank); use backend='gloo' or leave it out")
+        if not has_cuda(): raise DistribError("FASTDDP_SHARE_GPU=1 shares the GPUs, and this machine has none: unset it to train on the CPU")
+    if 'nccl' in be: check_gpu()
     return be
 
 # %% ../nbs/00_core.ipynb #7557e8f0
-def distrib_device():
-    "The device this rank trains on: `cuda:LOCAL_RANK`, or the CPU"
+def on_gpu(backend:str=None): # a backend as `check_backend` returns it; None: the default
+    "Does a rank of `backend` train on a GPU: with nccl (alone, or per device as in 'cpu:gloo,cuda:nccl'), or over gloo with `shared_gpu`"
+    be = backend or default_backend()
+    return 'nccl' in be or (be=='gloo' and shared_gpu() and has_cuda())
+
+def distrib_device(backend:str=None): # None: the default backend
+    "The device this rank trains on: its GPU (`check_gpu`) when it trains on one (`on_gpu`), else the CPU"
     import torch
-    return torch.device('cuda', local_rank()) if has_cuda() else torch.device('cpu')
+    return torch.device('cuda', check_gpu()) if on_gpu(backend) else torch.device('cpu')
 
 # %% ../nbs/00_core.ipynb #6560eeb3
 def _cg_cpus():
@@ -249,6 +276,18 @@ def is_distributed(learn):
     from fastai.distributed import DistributedTrainer # here: importing core loads neither fastai nor torch
     return any(isinstance(o, DistributedTrainer) for o in getattr(learn, 'cbs', ())) # a stand-in without callbacks (a metric's test) is not
 
+# %% ../nbs/00_core.ipynb #7c34209b
+def learn_device(learn):
+    "The device `learn` trains on: its `DistributedTrainer`'s, else its loaders' (fastai moves the model there), else its model's"
+    import torch
+    from fastai.distributed import DistributedTrainer
+    tr = next((o for o in getattr(learn, 'cbs', ()) if isinstance(o, DistributedTrainer)), None)
+    if tr is not None: return tr.accelerator.device
+    dev = getattr(getattr(learn, 'dls', None), 'device', None)
+    if dev is not None: return torch.device(dev)
+    p = next(iter(learn.model.parameters()), None) if hasattr(learn, 'model') else None
+    return torch.device('cpu') if p is None else p.device
+
 # %% ../nbs/00_core.ipynb #f82375a3
 _flag_groups = {}
 def flag_group():
@@ -259,3 +298,22 @@ def flag_group():
     if k not in _flag_groups: _flag_groups[k] = dist.new_group(backend='gloo')
     return _flag_groups[k]
 
+
+# %% ../nbs/00_core.ipynb #c08ad07c
+def gpu_clash(seen:list): # each rank's (host, GPU id), in rank order
+    "The first two ranks that would use one GPU, in words, or None"
+    first = {}
+    for r,k in enumerate(seen):
+        if k in first: return f"ranks {first[k]} and {r} both use GPU {k[1]} on {k[0]}"
+        first[k] = r
+
+def check_distinct_gpus():
+    "Under nccl, one clear error on every rank when two ranks share a GPU (over the gloo `flag_group`)"
+    import torch, torch.distributed as dist
+    if shared_gpu() or not dist.is_initialized() or 'nccl' not in dist.get_backend() or (g := flag_group()) is None: return
+    me = (socket.gethostname(), str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid))
+    seen = [None]*dist.get_world_size()
+    dist.all_gather_object(seen, me, group=g)
+    if msg := gpu_clash(seen):
+        raise DistribError(f"{msg}: nccl needs one GPU per rank (start at most one process per GPU; FASTDDP_SHARE_GPU=1 with gloo shares "
+                           "one on purpose, to test multi-rank code)")

@@ -25,6 +25,8 @@ class RankSmoothLoss(AvgSmoothLoss):
         v = learn.loss.mean().detach() # stays on the device: a copy to the CPU at every step would wait for the GPU
         self.losses.append(v)
         self.count += 1
+        # fastai's `reset` makes `val` on the CPU: it follows the loss to its device once (an asynchronous copy: no wait for the GPU)
+        if self.val.device!=v.device: self.val = self.val.to(v.device, non_blocking=True)
         self.val = torch.lerp(v, self.val, self.beta)
 
 # %% ../nbs/02b_epoch_loss.ipynb #52c9a06a

@@ -20,13 +20,13 @@ def _rank0s(f):
     "`f()` on rank 0, and rank 0's answer on every rank of a running process group"
     if not (dist.is_available() and dist.is_initialized()): return f()
     t = torch.tensor([float(f()) if dist.get_rank()==0 else 0.])
-    dist.broadcast(t, 0) # CPU runs use gloo, which broadcasts CPU tensors
+    dist.broadcast(t, 0, group=flag_group()) # a CPU tensor: over gloo, whatever the training's backend
     return bool(t.item())
 
 @patch
 def before_fit(self:MixedPrecision):
     dt = torch.bfloat16 if self.amp_mode==AMPMode.BF16 else torch.float16
-    dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+    dev = learn_device(self.learn).type # where it trains: with gloo on a GPU machine, the CPU
     if dev=='cuda' and dt==torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError("Unsupported GPU for bfloat16 mixed precision training")
     on = dev=='cuda' or _rank0s(lambda: cpu_half(dt))

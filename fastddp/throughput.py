@@ -77,7 +77,8 @@ class Throughput(Callback):
         self.flops,self.stats = None,[]
         m = self.learn.model
         self.model_ = getattr(m, 'module', m) # the plain model under DDP
-        self.peak_ = self.peak or device_peak(self.dtype, getattr(self.dls, 'device', None))
+        self.dev = learn_device(self.learn) # where it trains (the loaders' device may be a GPU the run does not use)
+        self.peak_ = self.peak or device_peak(self.dtype, self.dev)
         self.share = None
         self.mets = [ThroughputMetric(self, k) for k in ['samples_s']+(['mfu'] if self.peak_ and not uncounted(self.model_) else [])]
         self.learn.metrics = L(self.learn.metrics)+self.mets # before `Recorder.before_fit` (order 50) names the columns
@@ -115,8 +116,11 @@ class Throughput(Callback):
             return r
         n,nb,ntok = (sum(o[i] for o in rs) for i in range(3))
         t = max(o[3] for o in rs) # the ranks step together: the slowest sets the pace
-        # on a CPU the ranks of a host share its cores, so the host is the device; on GPUs each rank has its own
-        devs = len(rs) if torch.cuda.is_available() else max(1, len(rs)//int(os.environ.get('LOCAL_WORLD_SIZE', len(rs))))
+        # on a CPU the ranks of a host share its cores, so the host is the device; on GPUs each rank has its own, unless they share
+        # the host's GPUs (`shared_gpu`)
+        lws = int(os.environ.get('LOCAL_WORLD_SIZE', len(rs)))
+        gpu,hosts = self.dev.type=='cuda',max(1, len(rs)//lws)
+        devs = len(rs) if gpu and not shared_gpu() else hosts*min(lws, torch.cuda.device_count()) if gpu else hosts
         return dict(ranks=[_one(*o) for o in rs], total=_one(n, nb, ntok, t, devs), uncounted=uncounted(self.model_),
                     uncounted_share=self.share, sharded=is_sharded(self.model_))
 

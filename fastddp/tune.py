@@ -120,7 +120,8 @@ def tune_table(d:dict): # a decision (`learn.ddp_tuning`)
     return '\n'.join(ls+[tune_summary(d)])
 
 # %% ../nbs/02t_tune.ipynb #c85c9cde
-def _dev(): return torch.device('cuda', torch.cuda.current_device()) if dist.get_backend()=='nccl' else torch.device('cpu')
+# the device whose tensors the default group moves: CUDA under nccl (alone or as 'cpu:gloo,cuda:nccl'), the CPU under gloo
+def _dev(): return torch.device('cuda', torch.cuda.current_device()) if 'nccl' in dist.get_backend() else torch.device('cpu')
 def _name(c): return c.get('name') or ','.join(f'{k}={v}' for k,v in c.items() if k in knobs)
 def _json(o): return getattr(o, '__name__', repr(o)) # a user's own hook is saved by its name
 def _jsonable(c): return json.loads(json.dumps(c, default=_json))
@@ -256,7 +257,7 @@ def after_train(self:Tune): self.unchain()
 def after_batch(self:Tune):
     if not (self.measuring and self.stepped): return
     self.stepped = False
-    if _dev().type=='cuda': torch.cuda.synchronize() # the step's kernels are done
+    if learn_device(self.learn).type=='cuda': torch.cuda.synchronize() # the step's kernels are done (on a shared GPU too, over gloo)
     t,i = time.perf_counter(),self.plan[self.p]
     if self.warm: self.warm -= 1 # DDP built or rebuilt its buckets in this step
     elif self.compiled(): pass # the compiler's time, not the candidate's
