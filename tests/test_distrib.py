@@ -106,7 +106,7 @@ x = torch.randn(8,2); dsets = list(zip(x, x.sum(1, keepdim=True)))
 learn = Learner(DataLoaders(DataLoader(dsets, bs=4), DataLoader(dsets, bs=4), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat())
 w0 = learn.model.weight.detach().clone()
 with learn.distrib_ctx(): learn.fit(1)
-report(trained=not torch.equal(w0, learn.model.weight), cbs=[type(o).__name__ for o in learn.cbs], ws=world_size())
+report(trained=not torch.equal(w0, learn.model.weight.detach().cpu()), cbs=[type(o).__name__ for o in learn.cbs], ws=world_size())
 if not has_cuda():
     try:
         with learn.distrib_ctx(backend='nccl'): pass
@@ -120,6 +120,40 @@ def test_world_size_1():
     assert 'DistributedTrainer' not in rs[0]['cbs']
     from fastddp.core import has_cuda
     if not has_cuda(): assert "needs a CUDA GPU" in rs[0]['nccl']
+
+# Accelerate leaves a one-process model unwrapped on a GPU; on a CPU machine `cpu=False` does the same at any world size
+UNWRAPPED = '''
+import fastddp.distrib
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *; from fastddp.testing import report
+x = torch.randn(8,2); dsets = list(zip(x, x.sum(1, keepdim=True)))
+def mk():
+    torch.manual_seed(0)
+    return Learner(DataLoaders(DataLoader(dsets, bs=4), DataLoader(dsets, bs=4), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat())
+class Typ(Callback):
+    def after_batch(self): report(in_fit=type(self.learn.model).__name__)
+learn = mk()
+try:
+    with learn.distrib_ctx(cpu=False): learn.fit(2, cbs=Typ())
+    report(model=type(learn.model).__name__, w=learn.model.weight.detach().clone(), vals=learn.recorder.values,
+           group=torch.distributed.is_initialized(), leaves=bool(fastddp.distrib._leaving))
+except Exception as e: report(err=f"{type(e).__name__}: {e}")
+if world_size()==1:
+    ref = mk(); ref.fit(2)
+    report(ref=ref.model.weight.detach().clone(), ref_vals=ref.recorder.values)
+'''
+
+def test_unwrapped_model():
+    "A model Accelerate leaves unwrapped (one process on one GPU) trains to one process's numbers; at 2 ranks: one clear error"
+    import torch
+    r = run_ranks(UNWRAPPED, n=1, launcher='torchrun')[0]
+    assert 'err' not in r, r['err']
+    assert (r['in_fit'], r['model']) == ('Linear', 'Linear') # never wrapped, given back as it was
+    assert torch.equal(r['w'], r['ref']) and r['vals']==r['ref_vals']
+    assert r['leaves'] or not r['group'] # the one-rank group Accelerate made is left at exit
+    rs = run_ranks(UNWRAPPED, n=2, launcher='fastddp')
+    assert all("Accelerate left the model unwrapped at 2 ranks" in o['err'] for o in rs), [o.get('err') for o in rs]
 
 VISION_TAB = '''
 import pandas as pd
@@ -181,9 +215,10 @@ def test_notebook_launcher():
     assert (rs[0]['w']-rs[1]['w']).abs().max()<1e-6
 
 def test_bad_use():
-    "A LOCAL_RANK beyond the GPU count, and nccl without CUDA, give one clear message"
+    "No GPU visible, and nccl without CUDA, give one clear message; a task that sees one GPU uses it whatever its local rank"
     from fastddp.core import check_gpu, check_backend, DistribError, has_cuda
-    with pytest.raises(DistribError, match=r"LOCAL_RANK=3 needs GPU 3, but only 2 GPU\(s\) are visible"): check_gpu(3, 2)
+    with pytest.raises(DistribError, match=r"no GPU is visible"): check_gpu(0, 0)
+    assert check_gpu(3, 1)==0 and check_gpu(3, 4)==3 # SLURM's --gpus-per-task=1: every task sees its own GPU as GPU 0
     if not has_cuda():
         with pytest.raises(DistribError, match="needs a CUDA GPU"): check_backend('nccl')
 
