@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 NPROC ?= 2
 
-.PHONY: demo test test-fast test-floor venv venv-floor check export docs chromium slurm bench clean
+.PHONY: demo test test-fast test-floor test-gpu gpu-wheels venv venv-floor check export docs chromium slurm bench clean
 
 # A venv in folder $(1) from the pinned requirements $(2), with fastddp itself installed editable.
 # uv (pinned in requirements-dev.txt) installs them: torch from the registry is a ~3 GB CUDA build, which uv fetches and unpacks
@@ -60,6 +60,17 @@ test: check chromium slurm
 # The fast tier for the edit-test loop (a few minutes): everything but the tests marked slow (see tests/conftest.py) and GPU tests.
 test-fast: $(BIN)/.ok
 	$(BIN)/python -m pytest -ra -m "not slow" --durations=10 -n 2
+
+# Every GPU check in one command, one table at the end (tools/test_gpu.py): the `cuda` tests, ranks sharing the GPU over gloo, the
+# notebooks' `cuda` cells, the three scripts on the GPU, the GPU benchmark. On a GPU machine whose Python has torch but not fastai
+# it installs the wheels `make gpu-wheels` put in wheels/ (carry that folder); without CUDA it reports the GPU steps as not run.
+GPU_PY ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
+test-gpu:
+	$(GPU_PY) tools/test_gpu.py
+
+# The wheels a GPU machine's image lacks (tools/gpu-requirements.in), into wheels/ (12 MiB) and wheels-text/ (spaCy, 58 MiB)
+gpu-wheels: $(BIN)/.ok
+	$(BIN)/python tools/gpu_wheels.py
 
 # The docs site: `nbdev-docs` where Quarto is installed, otherwise nbdev's processed notebooks rendered by nbconvert (offline).
 docs: $(BIN)/.ok

@@ -1,0 +1,84 @@
+"""`make test-gpu`: every GPU check in one command, one table at the end. On a machine whose Python has torch but not fastai it
+first installs the carried wheels offline (`make gpu-wheels` downloads them here); on a machine without CUDA it reports each GPU
+step as not run."""
+import os, sys, time, json, subprocess, importlib.util, importlib.metadata as md
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+LOGS = Path(os.environ.get('OUT') or ROOT/'gpu-logs') # the device tool brings $OUT back
+PY = sys.executable
+
+def _dist(whl): return whl.name.split('-')[0].lower().replace('_', '-')
+
+def _installed(name):
+    try: md.version(name); return True
+    except md.PackageNotFoundError: return False
+
+def install():
+    "Install the carried wheels this Python lacks, and fastddp itself (editable), offline; a line saying what was done"
+    ws = [w for d in ('wheels', 'wheels-text') for w in sorted((ROOT/d).glob('*.whl')) if not _installed(_dist(w))]
+    if ws: subprocess.run([PY, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps', *map(str, ws)], check=True)
+    if importlib.util.find_spec('fastddp') is None or not _installed('fastddp'):
+        subprocess.run([PY, '-m', 'pip', 'install', '-q', '--no-deps', '--no-build-isolation', '-e', str(ROOT)], check=True)
+    return f"installed {len(ws)} carried wheel(s)" if ws else "nothing to install"
+
+def _nbs_with_cuda():
+    return sorted(p.name for p in (ROOT/'nbs').rglob('*.ipynb') if '#| cuda' in p.read_text())
+
+def steps():
+    "(name, command, seconds allowed, why it cannot run here or None)"
+    env_py = [PY, '-m']
+    scripts = ROOT/'scripts'
+    has_spacy = importlib.util.find_spec('spacy') is not None
+    bench_dev = '--device' in subprocess.run([PY, '-m', 'fastddp.bench', '--help'], capture_output=True, text=True).stdout
+    nbs = '|'.join(n.removesuffix('.ipynb') for n in _nbs_with_cuda())
+    return [
+        ('doctor', [PY, '-c', 'from fastddp.doctor import doctor; doctor()'], 60, None),
+        ('cuda tests (one GPU, nccl)', [*env_py, 'pytest', '-q', '-m', 'cuda', '-p', 'no:cacheprovider', '--deselect', 'tests/test_gpu.py',
+                                        'tests'], 150, None),
+        ('ranks sharing the GPU (gloo, CUDA tensors)', [*env_py, 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/test_gpu.py'], 200, None),
+        ('notebooks: cuda cells', [PY, '-c', f'from nbdev.test import nbdev_test; nbdev_test(flags="cuda", file_re="^({nbs})\\\\.ipynb$")'],
+         240, None if importlib.util.find_spec('nbdev') else 'nbdev is not installed'),
+        ('tabular script, python -m fastai.launch', [*env_py, 'fastai.launch', str(scripts/'tabular_ddp.py'), '--synthetic', '2000',
+                                                     '--epochs', '1', '--fp16'], 120, None),
+        ('pets script, fastddp-launch, --fp16 --time-cost', [*env_py, 'fastddp.launch', str(scripts/'pets_ddp.py'), '--synthetic', '148',
+                                                             '--arch', 'resnet18', '--no-pretrained', '--size', '64', '--epochs', '1',
+                                                             '--fp16', '--time-cost'], 150, None),
+        ('IMDB sample script, python', [PY, str(scripts/'imdb_ddp.py'), '--sample', '--synthetic', '200', '--no-pretrained', '--epochs',
+                                        '1'], 150, None if has_spacy else 'spaCy missing: carry wheels-text/ (make gpu-wheels) in a call of its own'),
+        ('python -m fastddp.bench --device cuda', [*env_py, 'fastddp.bench', '--device', 'cuda', '--save', str(LOGS/'bench_cuda.json')], 150,
+         None if bench_dev else 'fastddp.bench has no --device option yet'),
+    ]
+
+def run(name, cmd, secs):
+    "Run one step with its output in a log file; (result, seconds, the log's last line)"
+    log = LOGS/(''.join(c if c.isalnum() else '_' for c in name)[:40]+'.log')
+    t0 = time.time()
+    with open(log, 'w') as f:
+        try: rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=secs).returncode
+        except subprocess.TimeoutExpired: rc = 'timeout'
+    tail = [l for l in log.read_text().splitlines() if l.strip()][-1:] or ['']
+    return ('passed' if rc==0 else f'FAILED ({rc})'), time.time()-t0, tail[0][:100]
+
+def main():
+    LOGS.mkdir(parents=True, exist_ok=True)
+    t0,rows = time.time(),[]
+    import torch
+    cuda = torch.cuda.is_available()
+    card = torch.cuda.get_device_name(0) if cuda else 'no CUDA GPU'
+    if cuda: rows.append(('install (offline)', 'passed', time.time()-t0, install()))
+    for name,cmd,secs,why in steps():
+        if not cuda: why = 'not run: no CUDA GPU (torch.cuda.is_available() is False)'
+        if why: rows.append((name, 'not run', 0., why)); continue
+        rows.append((name, *run(name, cmd, secs)))
+        print(f"{name}: {rows[-1][1]} in {rows[-1][2]:.0f} s", flush=True)
+    ls = [f"make test-gpu on {card}, torch {torch.__version__}, Python {sys.version.split()[0]}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.time()-t0:.0f} s in all; logs in {LOGS}",
+          '', '| step | result | seconds | detail |', '|---|---|---|---|']
+    ls += [f"| {n} | {r} | {s:.0f} | {d.replace('|', '/')} |" for n,r,s,d in rows]
+    print('\n'.join(ls))
+    (LOGS/'summary.md').write_text('\n'.join(ls)+'\n')
+    (LOGS/'summary.json').write_text(json.dumps(dict(card=card, torch=torch.__version__, rows=rows)))
+    return 1 if any(r.startswith('FAILED') for _,r,_,_ in rows) else 0
+
+if __name__=='__main__': sys.exit(main())
