@@ -105,7 +105,7 @@ def check_backend(backend=None):
     if shared_gpu():
         if 'nccl' in be: raise DistribError(f"FASTDDP_SHARE_GPU=1 shares the GPUs over gloo: backend {be!r} cannot (nccl wants one GPU "
                                             "per rank); use backend='gloo' or leave it out")
-        if not has_cuda(): raise DistribError("FASTDDP_SHARE_GPU=1 shares the GPUs, and this machine has none: unset it to train on the CPU")
+        if not has_cuda(): raise DistribError("FASTDDP_SHARE_GPU=1 shares the GPUs, and this machine has none: unset it to train on CPU")
     if 'nccl' in be: check_gpu()
     return be
 

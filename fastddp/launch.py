@@ -51,7 +51,7 @@ def plan_procs(gpus:str='all', # `--gpus`
         return n, None, f"no GPU found: starting {n} CPU process{'es' if n>1 else ''} with the gloo backend"
     if nproc and nproc>len(ids) and shared_gpu(): # ranks take turns on the GPUs over gloo (`fastddp.core.shared_gpu`)
         vis = None if gpus=='all' else ','.join(map(str, ids))
-        return nproc, vis, f"FASTDDP_SHARE_GPU=1: {nproc} processes share {len(ids)} GPU(s) over gloo (a test of multi-rank code, not speed)"
+        return nproc, vis, f"FASTDDP_SHARE_GPU=1: {nproc} processes share {len(ids)} GPU(s) over gloo (to test multi-rank code)"
     if nproc and nproc>len(ids): raise LaunchError(f"--nproc {nproc}: only {len(ids)} GPU(s) selected; nccl needs one GPU per process "
                                                    "(FASTDDP_SHARE_GPU=1 shares them over gloo, to test multi-rank code on one GPU)")
     ids = ids[:nproc or len(ids)]

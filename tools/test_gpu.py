@@ -45,8 +45,10 @@ def steps():
                                                              '--arch', 'resnet18', '--no-pretrained', '--size', '64', '--epochs', '1',
                                                              '--fp16', '--time-cost'], 150, None),
         ('IMDB sample script, python', [PY, str(scripts/'imdb_ddp.py'), '--sample', '--synthetic', '200', '--no-pretrained', '--epochs',
-                                        '1'], 150, None if has_spacy else 'spaCy missing: carry wheels-text/ (make gpu-wheels) in a call of its own'),
-        ('python -m fastddp.bench --device cuda', [*env_py, 'fastddp.bench', '--device', 'cuda', '--save', str(LOGS/'bench_cuda.json')], 150,
+                                        '1'], 150,
+         None if has_spacy else 'spaCy missing: carry wheels-text/ (make gpu-wheels) in a call of its own'),
+        ('python -m fastddp.bench --device cuda', [*env_py, 'fastddp.bench', '--device', 'cuda', '--save', str(LOGS/'bench_cuda.json')],
+         150,
          None if bench_dev else 'fastddp.bench has no --device option yet'),
     ]
 
