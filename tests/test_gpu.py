@@ -116,3 +116,58 @@ def test_two_ranks_one_gpu_nccl():
     if torch.cuda.device_count()>1: pytest.skip("needs a machine with one GPU")
     rs = run_ranks(NCCL_TWO, n=2, launcher='torchrun', check=False, timeout=120)
     assert rs.rc!=0 and "ranks 0 and 1 both use GPU" in rs.out, rs.out[-2000:]
+
+# FSDP2 over gloo with CUDA tensors: torch's gloo has no CUDA reduce-scatter, so this is tried rather than assumed
+SHARD = '''
+import torch
+import fastddp
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.testing import report
+torch.manual_seed(1)
+x = torch.randn(32,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
+def fit(**kw):
+    torch.manual_seed(0)
+    learn = Learner(DataLoaders(DataLoader(ds, bs=4), DataLoader(ds[:8], bs=4), device='cuda'),
+                    nn.Sequential(nn.Linear(3,64), nn.ReLU(), nn.Linear(64,1)), loss_func=MSELossFlat(), opt_func=Adam)
+    try:
+        with learn.distrib_ctx(shard_min=1, **kw): learn.fit(1, 1e-2)
+    except Exception as e: return f"{type(e).__name__}: {e}"
+    return [p.detach().cpu() for p in learn.model.parameters()]
+report(ddp=fit(), shard=fit(shard=True))
+'''
+
+def test_shared_gpu_shard():
+    "2 ranks sharing one GPU shard with FSDP2 over gloo: DDP's weights, or one clear error saying gloo cannot (not a traceback)"
+    import torch
+    r = run_ranks(SHARD, n=2, env={'FASTDDP_SHARE_GPU': '1'}, timeout=180)[0]
+    assert not isinstance(r['ddp'], str), r['ddp']
+    assert not isinstance(r['shard'], str), r['shard'] # what torch's gloo did with FSDP2's reduce-scatter on CUDA tensors
+    assert all(torch.allclose(a, b, atol=1e-5) for a,b in zip(r['ddp'], r['shard']))
+
+# DataParallel (`learn.parallel_ctx()`, the scripts' --dp) on the GPUs it finds, without a launcher
+DP = '''
+import torch
+import fastddp
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.testing import report
+torch.manual_seed(1)
+x = torch.randn(32,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
+def mk():
+    torch.manual_seed(0)
+    return Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:8], bs=8), device='cuda'), nn.Linear(3,1), loss_func=MSELossFlat())
+class Typ(Callback):
+    def after_batch(self): report(typ=type(self.learn.model).__name__)
+learn = mk()
+with learn.parallel_ctx(): learn.fit(2, 1e-2, cbs=Typ())
+ref = mk(); ref.fit(2, 1e-2)
+report(w=learn.model.weight.detach().cpu(), ref=ref.model.weight.detach().cpu(), after=type(learn.model).__name__)
+'''
+
+def test_data_parallel():
+    "DataParallel on the visible GPUs: wrapped during the fit, given back after, one process's weights on one GPU"
+    import torch
+    r = run_ranks(DP, n=1, launcher='python')[0]
+    assert (r['typ'], r['after']) == ('DataParallel', 'Linear')
+    assert torch.allclose(r['w'], r['ref'], atol=1e-6 if torch.cuda.device_count()>1 else 0)
