@@ -36,7 +36,7 @@ if rank()==0:
 def test_one_gpu_every_launcher(launcher):
     "World size 1 on one GPU under each launcher: the fit runs on cuda (the smoother and `after_fit` crashed here) to one process's numbers"
     import torch
-    rs = run_ranks(WS1, n=1, launcher=launcher, largs=['--num_processes', '1'] if launcher=='accelerate' else [])
+    rs = run_ranks(WS1, n=1, launcher=launcher)
     r = rs[0]
     assert (r['dev'], r['loss_dev'], r['after']) == ('cuda:0', 'cuda:0', 'Sequential'), r
     assert all(torch.equal(a, b) for a,b in zip(r['w'], r['ref'])) and r['vals']==r['ref_vals']
