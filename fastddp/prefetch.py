@@ -34,7 +34,9 @@ def _record(o, s):
 class Prefetch(Callback):
     "On a GPU, batches in pinned memory, each copied on a side stream ahead of the step that uses it"
     order = 13 # after `DistributedTrainer` (11) has wrapped the loader, before `ProgressCallback` (60) starts its bar
-    def __init__(self): self.streams,self.open = {},[]
+    _stateattrs = ('streams','open') # `learn.export` pickles the callbacks: streams and iterations stay behind
+    def _init_state(self): self.streams,self.open = {},[]
+    def __init__(self): self._init_state()
 
     def before_fit(self):
         if any(map(_on_gpu, self.dls.loaders)):
