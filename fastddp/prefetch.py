@@ -40,7 +40,7 @@ class Prefetch(Callback):
 
     def before_fit(self):
         if any(map(_on_gpu, self.dls.loaders)):
-            warn_once("batches pinned and copied to the GPU on a side stream, ahead of their step; distrib_ctx(prefetch=False) turns it off")
+            warn_once("batches pinned and copied to the GPU on a side stream ahead of their step; distrib_ctx(prefetch=False) turns it off")
     def before_train(self): self._on()
     def before_validate(self): self._on()
     def after_train(self): self._off()

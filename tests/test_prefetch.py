@@ -38,7 +38,8 @@ def fit(prefetch, bf16=False):
     x,y = torch.randn(n, 3, size, size),torch.randint(0, 10, (n,))
     ds = [(TensorImage(x[i]), TensorCategory(y[i])) for i in range(n)]
     dls = DataLoaders.from_dsets(ds, ds[:4*bs], bs=bs, num_workers=1, after_batch=[Flip()], device='cuda' if gpu else 'cpu')
-    m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                      nn.Linear(32, 10))
     learn = Learner(dls, m, loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), cbs=Seen())
     if bf16: learn.to_bf16()
     with warnings.catch_warnings(record=True) as ws:
