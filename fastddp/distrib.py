@@ -92,6 +92,7 @@ def __init__(self:DistributedTrainer,
         powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
         step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
+        prefetch:bool=True, # on a GPU: batches in pinned memory, each copied on a side stream ahead of its step (`fastddp.prefetch`)
         # shard parameters, gradients and optimizer state with FSDP2 (ZeRO-3); 'grads': keep the weights gathered from forward to backward
         # (ZeRO-2)
         shard:bool|str=False,
@@ -105,7 +106,7 @@ def __init__(self:DistributedTrainer,
         tune_candidates:list=None, # your own candidates (dicts of DDP options, `comm_hook`, `accum`, `name`) instead of the fixed set
         tune_accum:int=None, # with tune='lossy': also try accumulating this many batches per optimizer step
         **kwargs): # DDP options (`find_unused_parameters`, `static_graph`, `bucket_cap_mb`, ...) and `Accelerator` arguments
-    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,shard,shard_modules,shard_min,shard_offload,'
+    store_attr('sync_bn,backend,comm_hook,powersgd_start,comm_stats,step_loss,prefetch,shard,shard_modules,shard_min,shard_offload,'
                'tune,tune_file,tune_candidates,tune_accum')
     self.sharded = None # the `Sharded` state, from the first fit to the end of the context
     check_args(**{k:v for k,v in locals().items() if k not in ('self','kwargs')}, **kwargs)
@@ -397,6 +398,7 @@ def plain_loss(lf, on:bool=True):
     return True
 
 # %% ../nbs/03_distrib.ipynb #5c315e5d
+from .prefetch import Prefetch
 @patch
 @delegates(DistributedTrainer.__init__)
 def to_distributed(self:Learner, **kwargs):
@@ -404,6 +406,7 @@ def to_distributed(self:Learner, **kwargs):
     self.detach_distributed() # a second call replaces the trainer (and its watchdog and tuner) with one of the new settings
     self.add_cb(DistributedTrainer(**kwargs))
     _cache_dispatch(self)
+    if kwargs.get('prefetch', True): self.add_cb(Prefetch()) # on a GPU: the next batch's copy beside this step (a no-op on CPU)
     if kwargs.get('tune'): self.add_cb(Tune())
     if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
     if world_size()>1: self.add_cb(Preempt()) # SIGTERM/SIGUSR1: every rank stops at one step (a `Checkpoint` saves there)
@@ -422,7 +425,7 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     _cache_dispatch(self, False)
     if self.opt is not None: use_foreach(self.opt, False) # after a fit that raised, too
     plain_loss(self.loss_func, False)
-    self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, Tune)))
+    self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, (Tune, Prefetch))))
     for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
     for o in self.cbs.filter(lambda o: isinstance(o, Preempt)): o.restore() # the signal handlers, after a fit that raised
     self.remove_cbs(self.cbs.filter(lambda o: type(o) is Preempt))

@@ -81,19 +81,60 @@ class EpochLoss(Callback):
         if self.rec is not None: self._restore()
 
 # %% ../nbs/02b_epoch_loss.ipynb #e1d13f02
+from fastprogress import fastprogress as _fp
+
 class LazyLoss:
-    "A loss tensor that becomes text (`.4f`) only when something formats it"
-    def __init__(self, t): self.t = t
-    def __format__(self, spec): return format(self.t.item(), spec or '.4f')
+    "The bar's loss: copied to host memory when the bar redraws, without waiting for the GPU; shown once its copy has finished"
+    def __init__(self, n:int=2): # host buffers: a copy can run into one while the last finished one is read
+        self.n,self.t,self.dev,self.v,self.last = n,None,None,None,None
+    def __reduce__(self): return (LazyLoss, (self.n,)) # `learn.export` pickles the callbacks: events and buffers stay behind
+
+    def _setup(self, t):
+        "Host buffers for `t`'s device and, on a GPU, one event per buffer"
+        self.dev,self.i,self.last,self.seq,self.shown = t.device,0,None,[0]*self.n,0
+        if t.is_cuda: # a copy from the GPU is asynchronous only into pinned memory (torch's `Tensor.copy_`, `non_blocking`)
+            self.buf = torch.empty(self.n, pin_memory=True)
+            self.host,self.evs = self.buf.numpy(),[torch.cuda.Event() for _ in range(self.n)]
+        else: # on the CPU a copy has finished when `copy_` returns: no event
+            self.host = np.zeros(self.n, np.float32)
+            self.buf,self.evs = torch.from_numpy(self.host),[None]*self.n
+
+    def _done(self, k): return self.evs[k] is None or self.evs[k].query() # `query` asks, never waits
+
+    def _push(self):
+        "Start copying the loss into the next buffer, unless it was copied already or that buffer's last copy is still running"
+        t = self.t
+        if t is self.last: return # fastprogress 1.0.x formats twice a redraw
+        if t.device!=self.dev: self._setup(t)
+        k = self.i
+        if not self._done(k): return # the GPU is `n` redraws behind: the older value stays a little longer
+        self.buf[k].copy_(t, non_blocking=True) # queued on `t`'s current stream, after the step that computed it
+        if self.evs[k] is not None: self.evs[k].record(torch.cuda.current_stream(t.device))
+        self.seq[k],self.last,self.i = max(self.seq)+1,t,(k+1)%self.n
+
+    def _pull(self):
+        "Take the newest finished copy"
+        ks = [k for k in range(self.n) if self.seq[k]>self.shown and self._done(k)]
+        if not ks: return
+        k = max(ks, key=self.seq.__getitem__)
+        self.shown,self.v = self.seq[k],float(self.host[k]) # numpy reads the host buffer: no torch call, no sync
+
+    def __format__(self, spec):
+        if self.t is None or not _fp.printing(): return '' # a bar that prints nothing: nothing copied, nothing formatted
+        self._push(); self._pull()
+        return '' if self.v is None else format(self.v, spec or '.4f')
     def __str__(self): return format(self)
     def __bool__(self): return True # never empty: `bool` would otherwise go through `__len__` and format it
-    def __len__(self): return len(str(self)) # fastprogress 1.0.0 asks the comment's length when it redraws
+    def __len__(self): return len(str(self)) # fastprogress 1.0.x asks the comment's length when it redraws
 
 _pc_after_batch = ProgressCallback.after_batch
 @patch
 def after_batch(self:ProgressCallback):
-    "fastai's, with the loss formatted only when the bar redraws while `EpochLoss` smooths an epoch"
+    "fastai's, with the loss read without waiting for the GPU (`LazyLoss`) while `EpochLoss` smooths an epoch"
     rec = self.learn.__dict__.get('recorder') # not `getattr`: a miss would go through `GetAttr` to the model
     if not isinstance(getattr(rec, 'smooth_loss', None), RankSmoothLoss): return _pc_after_batch(self)
+    lz = self.__dict__.get('lazy_loss') # one per callback: its buffers are made once
+    if lz is None: lz = self.__dict__['lazy_loss'] = LazyLoss()
+    lz.t = self.learn.smooth_loss
+    self.pbar.comment = lz # before `update`: a redraw at this step shows this step's loss (fastai's showed the last step's)
     self.pbar.update(self.iter+1)
-    self.pbar.comment = LazyLoss(self.learn.smooth_loss)

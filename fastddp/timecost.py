@@ -247,8 +247,9 @@ def recommend(st, lim=None):
     if sh['data']>lim['data']:
         res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step "
                             f"(limit {lim['data']:.0%}): use more DataLoader workers ({_workers(st['workers'])}) or lighter item "
-                            "transforms; on a GPU, pin_memory=True so copies run asynchronously, and augmentation on the device "
-                            "(batch transforms)"))
+                            "transforms; on a GPU, augmentation on the device (batch transforms), and keep distrib_ctx's prefetch "
+                            "on (pinned batches copied on a side stream ahead of their step: fastai's own loaders copy with "
+                            "non_blocking=False, which waits even from pinned memory)"))
     if sh['comm']>lim['comm']: res.append(('comm', _comm_advice(st, lim)))
     if st['imbalance']>lim['imbalance']:
         res.append(('imbalance', f"rank {st['straggler']} is the straggler: busy {max(st['busy_ms']):.1f} ms per step "

@@ -118,3 +118,41 @@ def test_short_step_modes():
     for k in ('raw@2', 'ddp@2'):
         o = run_mode(k, hooks=False, **kw)
         assert o['samples_per_s']>0 and o['syncs'] is None and o['ddp']['bucket_bytes_cap']>0, (k, o)
+
+def test_gpu_bench_needs_cuda():
+    "`--device cuda` without a GPU: one line, a non-zero exit"
+    import torch
+    if torch.cuda.is_available(): pytest.skip("a CUDA GPU is here")
+    p = subprocess.run([sys.executable, '-m', 'fastddp.bench', '--device', 'cuda'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode==1 and p.stdout=='', (p.returncode, p.stdout)
+    assert "--device cuda: no CUDA GPU (torch.cuda.is_available() is False)\n" in p.stderr
+
+def _gpu_result(r, n, blocks):
+    assert r['kind']=='gpu_bench' and r['command'].startswith('python -m fastddp.bench --device') and r['date']
+    assert [o['steps'] for o in r['rows']]==n
+    for o in r['rows']:
+        assert len(o['fastddp_s'])==len(o['hand_s'])==blocks and all(t>0 for t in o['fastddp_s']+o['hand_s']), o
+        fl = o['flops_per_sample']
+        assert fl['throughput']>0 and 0.8<fl['shapes']/fl['throughput']<1.25, fl # two counts that agree
+    assert r['table'].count('\n| ')==3 and 'fastddp.handloop' in r['table']
+
+def test_gpu_bench_cpu(tmp_path):
+    "`--device cpu`: the GPU benchmark's harness on the tiny workloads, in blocks, saved as a page section"
+    d = tmp_path/'res'
+    _bench('--device', 'cpu', '--steps', '2', '--reps', '2', '--warmup', '1', '--save', str(d/'30_gpu.json'), timeout=900)
+    r = json.loads((d/'30_gpu.json').read_text())
+    _gpu_result(r, [2, 2, 2], 2)
+    assert all(o['peak'] is None for o in r['rows']) and '- (no CUDA)' in r['table']
+    page,_ = _page(d, tmp_path)
+    assert r['table'] in page and r['command'] in page
+
+@pytest.mark.cuda
+def test_gpu_bench(tmp_path):
+    "`--device cuda`: the three workloads of issue 36 in under 2 minutes, no host sync in fastddp's steps (counted by CUDA)"
+    import time
+    t0 = time.time()
+    _bench('--device', 'cuda', '--save', str(tmp_path/'30_gpu.json'), timeout=600)
+    assert time.time()-t0<150 # the process's start and imports included
+    r = json.loads((tmp_path/'30_gpu.json').read_text())
+    _gpu_result(r, [300, 60, 30], 5)
+    for o in r['rows']: assert sum(o['fastddp_syncs'])==0, (o['name'], o['fastddp_syncs'])
