@@ -31,7 +31,7 @@ class Sig(Callback):
         if not self.training: return
         time.sleep(0.02) # slow enough for a signal to land in the epoch it was sent in
         if first and at==f'{self.nf}.{self.epoch}.{self.iter}' and rank()==0:
-            (ck/'sent').touch(); os.kill(os.getppid(), sig)
+            ck.mkdir(parents=True, exist_ok=True); (ck/'sent').touch(); os.kill(os.getppid(), sig)
     def after_epoch(self):
         if first and kill==f'{self.nf}.{self.epoch}' and rank()==1: os.kill(os.getpid(), signal.SIGKILL)
 _cbs,_fin = S.train_cbs,S.finish
