@@ -77,7 +77,7 @@ def test_tabular(tmp_path, marker):
     _stopped(rs, PREEMPTED, tmp_path/'a'/'tabular', '0.1')
     assert not wait_gone(marker, 10)
     again = _run(tmp_path/'a', 'tabular', args)
-    _resumed(again); _same(again, ref)
+    _same(again, ref); _resumed(again)
     rs = _run(tmp_path/'c', 'tabular', args, largs=['--max-restarts', '1'], env=dict(KILL='0.0'))
     assert "resuming from" in rs.out and "ckpt_e0001_s000000.pth (epoch 1 of 3, step 0)" in rs.out, rs.out[-3000:]
     _same(rs, ref)
@@ -91,7 +91,7 @@ def test_pets(tmp_path, marker):
     rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.0', SIG='SIGUSR1'), check=False)
     _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')
     again = _run(tmp_path/'a', 'pets', args, launcher='fastai')
-    _resumed(again); _same(again, ref)
+    _same(again, ref); _resumed(again)
     assert "fastddp: resuming: fit 1 was done before the restart" in again.out, again.out[-3000:]
     assert not wait_gone(marker, 10)
 
@@ -103,5 +103,5 @@ def test_imdb(tmp_path, marker):
     rs = _run(tmp_path/'a', 'imdb', args, launcher='torchrun', env=dict(AT='0.0.1', SIG='SIGTERM'), check=False)
     _stopped(rs, None, tmp_path/'a'/'imdb', '0.0')
     again = _run(tmp_path/'a', 'imdb', args, launcher='torchrun')
-    _resumed(again); _same(again, ref)
+    _same(again, ref); _resumed(again)
     assert not wait_gone(marker, 10)
