@@ -319,7 +319,6 @@ def after_fit(self:Checkpoint):
         if r.phase=='skip epochs' and r.rng is not None: set_rng_state(self.learn, r.rng)
     try: super(Checkpoint, self).after_fit() # a signal's checkpoint is still this fit's
     finally:
-        self.resumed = Resume()
         if self.fitting: self.n_fit += 1
 
 # %% ../nbs/03a_checkpoint.ipynb #fdd7d0b1
