@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'write_tmp', 'commit_tmp', 'save_atomic', 'checkpoints', 'load_latest', 'save_sharded',
-           'load_sharded', 'Resume', 'Checkpoint']
+           'load_sharded', 'opt_to_params', 'Resumed', 'Resume', 'Checkpoint']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, random, shutil, subprocess, numpy as np, torch
@@ -22,6 +22,7 @@ from .watchdog import beat
 from .shard import is_sharded
 from .memory import holder, state_dicts
 from .preempt import Preempt
+from .stream import is_stream
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -30,15 +31,21 @@ def _train_dl(learn):
     return getattr(dl, 'dl', dl)
 
 def rng_state(learn):
-    "This rank's random state: python, numpy, torch, CUDA, and the training loader's generator"
+    "This rank's random state: python, numpy, torch, this rank's CUDA device, and the training loader's generator"
+    # the current device's only (each rank uses one): a resume may see another number of GPUs. Not initialised: this process drew
+    # nothing from CUDA (and a CPU run on a GPU machine makes no CUDA context for it)
     return dict(py=random.getstate(), np=np.random.get_state(), torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None, dl=_train_dl(learn).rng.getstate())
+                cuda=torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+                dl=_train_dl(learn).rng.getstate())
 
 def set_rng_state(learn, st):
-    "Restore a state saved by `rng_state`"
+    "Restore a state saved by `rng_state` (or by older versions, which saved a list: every visible GPU's CUDA state)"
     random.setstate(st['py']); np.random.set_state(st['np']); torch.set_rng_state(st['torch'])
-    if st['cuda'] is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st['cuda'])
-    _train_dl(learn).rng.setstate(st['dl'])
+    c = st.get('cuda')
+    if c is not None and torch.cuda.is_available():
+        if isinstance(c, (list, tuple)): c = c[min(torch.cuda.current_device(), len(c)-1)]
+        torch.cuda.set_rng_state(c) # the current device, applied lazily if CUDA is not initialised yet
+    if st.get('dl') is not None: _train_dl(learn).rng.setstate(st['dl'])
 
 # %% ../nbs/03a_checkpoint.ipynb #8fa22454
 def write_tmp(obj, fn):
@@ -65,7 +72,8 @@ def save_atomic(obj, fn):
 # %% ../nbs/03a_checkpoint.ipynb #dda4e2f5
 def checkpoints(path):
     "Complete checkpoints in `path`, newest first: files, and folders of sharded ones"
-    return sorted([*Path(path).glob('ckpt_e*_s*.pth'), *Path(path).glob('ckpt_e*_s*.dcp')], reverse=True)
+    # `ckpt_e…` (a first fit), `ckpt_f01_e…` (the fits after it): the newest name is the newest checkpoint
+    return sorted([f for p in ('ckpt_e*_s*', 'ckpt_f*_e*_s*') for x in ('.pth', '.dcp') for f in Path(path).glob(p+x)], reverse=True)
 
 def _remove(f): shutil.rmtree(f) if f.is_dir() else f.unlink()
 
@@ -139,15 +147,58 @@ def load_sharded(learn, fn, meta:dict):
     if slow: opt.slow_weights = L(L(slow[k] for k in [names[id(p)] for p in pg]) for pg in opt.param_lists)
     if meta['hypers']['count'] is not None: opt.count = meta['hypers']['count']
 
+# %% ../nbs/03a_checkpoint.ipynb #3bd6890c
+def opt_to_params(opt):
+    "Move each tensor of fastai's optimizer state in `opt` (and `Lookahead`'s slow weights) onto its parameter's device; return `opt`"
+    # a checkpoint loads onto the CPU (`map_location='cpu'`: any number of GPUs, any device) and fastai's `Optimizer.load_state_dict`
+    # keeps the tensors it is given: Adam's averages would stay on the CPU beside parameters on a GPU. A torch optimizer behind an
+    # `OptimWrapper` moves its own state in its `load_state_dict` (keeping `step` on the CPU where its kernels want it): left alone
+    for w,st in state_dicts(opt):
+        if w!='fastai': continue
+        for p,d in st.items():
+            for k,v in d.items():
+                if isinstance(v, Tensor) and v.device!=p.device: d[k] = v.to(p.device)
+    for ss,ps in zip(getattr(opt, 'slow_weights', None) or [], getattr(opt, 'param_lists', [])):
+        for i,(o,p) in enumerate(zip(ss, ps)):
+            if o.device!=p.device: ss[i] = o.to(p.device)
+    return opt
+
+# %% ../nbs/03a_checkpoint.ipynb #d5566046
+class Resumed:
+    "A training loader that loads its first `start` batches without yielding them, calls `then()`, and yields the rest"
+    def __init__(self, dl, # the loader of the epoch
+                 start:int, # batches done before the restart
+                 then): # called once they are loaded, before the next one is (`Checkpoint`: the random state of that step)
+        self.dl,self.start,self.then = dl,start,then
+    def __len__(self): return len(self.dl)
+    def __getattr__(self, k):
+        if k.startswith('__') or k=='dl': raise AttributeError(k)
+        return getattr(self.dl, k) # the loader's own attributes (`n`, `bs`, `to_detach`...) for the callbacks that read them
+    def __iter__(self):
+        it = iter(self.dl)
+        for _ in range(self.start): next(it, None)
+        self.then()
+        yield from it
+
+@patch
+def all_batches(self:Learner):
+    "fastai's loop over `self.dl`, with the batches numbered from where a `Resumed` loader starts"
+    self.n_iter = len(self.dl)
+    for o in enumerate(self.dl, self.dl.start if isinstance(self.dl, Resumed) else 0): self.one_batch(*o)
+
 # %% ../nbs/03a_checkpoint.ipynb #597169bd
 @dataclass
 class Resume:
-    "Where a restarted run continues: `epoch` and `step` reached, this rank's random state `rng`, and the phase of the resume"
+    "Where a restarted run continues: `epoch` and `step` reached, this rank's random states, and the phase of the resume"
     epoch:int=0 # first epoch to run
     step:int=0 # training batches of that epoch already done
     rng:dict=None # this rank's random state when the checkpoint was written
-    dl0:object=None # the training loader's generator as that epoch began: it draws the epoch's order again
-    phase:str='training' # 'skip epochs' -> 'replay order' -> 'skip batches' (when `step`) -> 'training'
+    rng0:dict=None # ...and as that epoch began: the epoch draws its order and its workers' seeds again from it
+    train_iter:int=None # training steps of the fit done (fastai's `train_iter`)
+    history:list=None # the recorder's rows of the epochs done
+    phase:str='training' # 'skip epochs' -> 'replay order' -> 'training'
+
+def _quiet(*args, **kwargs): "The logger while a resumed run skips epochs: their rows were printed by the run that trained them"
 
 class Checkpoint(Preempt):
     "Checkpoint every epoch (and `every` steps) into `path`, and where a signal stops the fit; `resume='auto'` continues from the newest"
@@ -162,92 +213,160 @@ class Checkpoint(Preempt):
                  # under SLURM, after a SIGUSR1 (`sbatch --signal=USR1@T`), requeue the job once that checkpoint is on disk
                  requeue:bool=True):
         store_attr('path,every,resume,keep,requeue')
+        self.n_fit = 0 # the fits this callback has trained (`fine_tune` is two): each one's checkpoints carry its number
         super().__init__(signals, check)
     @property
     def dir(self): return Path(self.learn.path)/self.path
 
-    def before_fit(self):
-        super().before_fit() # the signal handlers
-        self.resumed,self.last = Resume(),None
-        if not self.resume: return
-        f,st = load_latest(self.dir)
-        if st is None: return
-        if is_sharded(self.learn.model):
-            if st['ws']!=world_size() and st['iter']:
-                raise DistribError(f"{f.name} was written mid-epoch by {st['ws']} rank(s) and this run has {world_size()}: a sharded run "
-                                   "resumes at another world size only from an epoch's end (Checkpoint(every='epoch'), or start over with "
-                                   "resume=False)")
-            load_sharded(self.learn, f, st)
-        else:
-            get_model(self.learn.model).load_state_dict(st['model'])
-            self.opt.load_state_dict(st['opt'])
-        if st.get('scaler') is not None and getattr(self.learn, 'scaler', None) is not None: self.learn.scaler.load_state_dict(st['scaler'])
-        if st.get('ddp_tuning') is not None: self.learn.ddp_tuning = st['ddp_tuning'] # `fastddp.tune` applies it without measuring again
-        rng = st['rng'][rank()] if st['ws']==world_size() else st['rng'][0]
-        self.last = (st['epoch'], st['iter'], f)
-        self.resumed = Resume(st['epoch'], st['iter'], rng, st['dl0'], 'skip epochs')
-        if st['ws']!=world_size(): warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, "
-                                             "with the data order re-sharded")
-        rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
+# %% ../nbs/03a_checkpoint.ipynb #777a48ee
+@patch
+def _load(self:Checkpoint, f, st):
+    "Load the weights, optimizer, scaler and tuning of the checkpoint `st` (read from `f`) into the learner, each on its device"
+    if is_sharded(self.learn.model):
+        if st['ws']!=world_size() and st['iter']:
+            raise DistribError(f"{f.name} was written mid-epoch by {st['ws']} rank(s) and this run has {world_size()}: a sharded run "
+                               "resumes at another world size only from an epoch's end (Checkpoint(every='epoch'), or start over with "
+                               "resume=False)")
+        load_sharded(self.learn, f, st) # every tensor made where its parameter is
+    else:
+        get_model(self.learn.model).load_state_dict(st['model']) # copied into the parameters and buffers, on their device
+        self.opt.load_state_dict(st['opt'])
+        opt_to_params(self.opt)
+    # `GradScaler`'s state is numbers; its scale tensor, if it has one yet, is filled where it is
+    if st.get('scaler') is not None and getattr(self.learn, 'scaler', None) is not None: self.learn.scaler.load_state_dict(st['scaler'])
+    if st.get('ddp_tuning') is not None: self.learn.ddp_tuning = st['ddp_tuning'] # `fastddp.tune` applies it without measuring again
 
-    def before_epoch(self):
-        r = self.resumed
-        if r.phase!='skip epochs': return
-        if self.epoch<r.epoch: raise CancelEpochException() # done before the restart
-        r.phase = 'replay order'
-    def before_train(self):
-        r = self.resumed
-        if r.phase=='replay order': # draw this epoch's order as the saving run did
-            set_rng_state(self.learn, {**r.rng, 'dl': r.dl0} if r.step else r.rng)
-            r.phase = 'skip batches' if r.step else 'training'
-        self.dl0 = _train_dl(self.learn).rng.getstate() # the generator as this epoch begins
-    def before_batch(self):
-        if self.training and self.resumed.phase=='skip batches': raise CancelBatchException() # done before the restart
-    def after_batch(self):
-        if not self.training: return
-        r = self.resumed
-        if r.phase=='skip batches':
-            if self.iter==r.step-1: # the next batch is the first to redo
-                set_rng_state(self.learn, {**r.rng, 'dl': _train_dl(self.learn).rng.getstate()})
-                r.phase = 'training'
-        elif self.every!='epoch' and self.train_iter%self.every==0: self._save(self.epoch, self.iter+1)
-        super().after_batch() # a signal: every rank saves here and stops
+@patch
+def _skip(self:Checkpoint, r:Resume):
+    "Go through the epochs before `r.epoch` without training them, printing no row for them"
+    self.resumed,self.logger_,self.learn.logger = r,self.learn.logger,_quiet
 
-    def _save(self, epoch, it):
-        st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, ws=world_size(), rng=all_gather_list(rng_state(self.learn)), dl0=self.dl0,
-                  scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None,
-                  ddp_tuning=getattr(self.learn, 'ddp_tuning', None))
-        beat() # the watchdog's clock starts again for the write, on every rank
-        name = f'ckpt_e{epoch:04d}_s{it:06d}'
-        if is_sharded(self.learn.model): save_sharded(self.learn, st, self.dir/f'{name}.dcp')
-        elif is_rank0():
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self.write({**st, 'model': get_model(self.learn.model).state_dict(), 'opt': self.opt.state_dict()}, self.dir/f'{name}.pth')
-        if is_rank0():
-            for o in checkpoints(self.dir)[self.keep:]: _remove(o) # only once the new one is complete
-        distrib_barrier() # nobody moves on, or reads it, before it is written
-        self.last = (epoch, it, self.dir/(name+('.dcp' if is_sharded(self.learn.model) else '.pth')))
-        return self.last[2]
-    def write(self, st, fn):
-        "Write the checkpoint `st` to `fn` (rank 0 only), atomically"
-        return save_atomic(st, fn)
+@patch
+def before_fit(self:Checkpoint):
+    super(Checkpoint, self).before_fit() # the signal handlers
+    self.resumed,self.last,self.rng0 = Resume(),None,None
+    # `validate` and `get_preds` send `before_fit` too, holding `learn.lock` (a fit does not): they neither load nor save
+    self.fitting = not self.learn.lock.locked()
+    if not (self.resume and self.fitting): return
+    f,st = load_latest(self.dir)
+    fit = (st or {}).get('fit', 0)
+    if st is None or fit<self.n_fit: return # nothing yet, or a checkpoint of an earlier fit: this one starts
+    if fit>self.n_fit: # written by a later fit (`fine_tune`'s second): this one was done before the restart
+        rank0_print(f"fastddp: resuming: fit {self.n_fit+1} was done before the restart ({f.name} is fit {fit+1}'s)")
+        return self._skip(Resume(self.n_epoch, phase='skip epochs'))
+    self._load(f, st)
+    same = st['ws']==world_size()
+    pick = lambda k: None if st.get(k) is None else st[k][rank() if same else 0]
+    rng,rng0 = pick('rng'),pick('rng0')
+    if rng0 is None: rng0 = {**rng, 'dl': st.get('dl0')} # written by an older version: the loader's generator only
+    self.last = (st['epoch'], st['iter'], f)
+    self._skip(Resume(st['epoch'], st['iter'], rng, rng0, st.get('train_iter'), st.get('history'), 'skip epochs'))
+    rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
+    if not same: warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order "
+                           "re-sharded (and the global batch changed): not bit-equal to an uninterrupted run"
+                           +(f"; the epoch goes on after step {st['iter']} of the new sharding" if st['iter'] else ""))
 
-    def after_epoch(self):
-        if self.resumed.phase!='skip epochs': self._save(self.epoch+1, 0) # not for the epochs skipped on resume
-        super().after_epoch()
+# %% ../nbs/03a_checkpoint.ipynb #a2733260
+@patch
+def before_epoch(self:Checkpoint):
+    r = self.resumed
+    if r.phase!='skip epochs': return
+    if self.epoch<r.epoch: raise CancelEpochException() # done before the restart
+    if self.learn.logger is _quiet: self.learn.logger = self.logger_
+    r.phase = 'replay order'
 
-    def _ready(self): return self.resumed.phase=='training' # while it skips, the weights are not those of the current step
-    def _requeue(self):
-        "Under SLURM, on rank 0, requeue this job now that its checkpoint is on disk (as Lightning does); SLURM then stops it"
-        jid = os.environ.get('SLURM_JOB_ID')
-        if not (self.requeue and jid and is_rank0() and 'SIGUSR1' in self.stop['sig']): return # not on SIGTERM alone: `scancel` sends it
-        if os.environ.get('SLURM_ARRAY_JOB_ID'): jid = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-        try: r = subprocess.run(['scontrol', 'requeue', jid], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return print(f"fastddp: could not requeue SLURM job {jid}: {e}", file=sys.stderr, flush=True)
-        print(f"fastddp: SLURM job {jid} "+("requeued" if r.returncode==0
-                                            else f"not requeued: {(r.stderr or r.stdout).strip()} (submit it with --requeue)"),
-              file=sys.stderr, flush=True)
-    def save_at(self, epoch, it):
-        "The checkpoint at `it` steps into `epoch`: the one written or loaded there, or a new one"
-        return self.last[2] if self.last and self.last[:2]==(epoch, it) else self._save(epoch, it)
+@patch
+def before_train(self:Checkpoint):
+    r = self.resumed
+    if r.phase=='replay order':
+        if r.step: # mid-epoch: the epoch's order drawn again, its done batches loaded and not trained
+            set_rng_state(self.learn, r.rng0)
+            n = len(self.dl)
+            for _ in range(r.step): self.learn.pct_train += 1./(n*self.n_epoch) # as fastai's `after_batch` adds it: the same float
+            if is_stream(self.dl) and not hasattr(getattr(self.dl, 'src', self.dl.dataset), 'set_epoch'):
+                warn_once(f"resuming mid-epoch over a stream without set_epoch: its first {r.step} batches are read again and dropped; "
+                          "bit-equal to an uninterrupted run only if it yields the same items in the same order again")
+            self.learn.dl = Resumed(self.dl, r.step, partial(self._resumed_at, r))
+        else: set_rng_state(self.learn, r.rng)
+        if r.train_iter is not None: self.learn.train_iter = r.train_iter
+        r.phase = 'training'
+    if self.fitting: self.rng0 = rng_state(self.learn) # as this epoch begins: what a resume from this epoch draws its order from
+
+@patch
+def _resumed_at(self:Checkpoint, r:Resume):
+    "The random state of the step the checkpoint was written at (the loader's generator stays: it drew this epoch's order)"
+    set_rng_state(self.learn, {**r.rng, 'dl': _train_dl(self.learn).rng.getstate()})
+
+@patch
+def after_batch(self:Checkpoint):
+    if self.training and self.every!='epoch' and self.fitting and self.train_iter%self.every==0: self._save(self.epoch, self.iter+1)
+    super(Checkpoint, self).after_batch() # a signal: every rank saves here and stops
+
+@patch
+def after_epoch(self:Checkpoint):
+    r,rec = self.resumed,getattr(self.learn, 'recorder', None)
+    if r.phase=='skip epochs': # the recorder's row for this epoch, as the saving run logged it (`metrics.json`'s history)
+        if rec is not None and rec.values and r.history and self.epoch<len(r.history): rec.values[-1] = list(r.history[self.epoch])
+    elif self.fitting: self._save(self.epoch+1, 0)
+    super(Checkpoint, self).after_epoch()
+
+@patch
+def after_fit(self:Checkpoint):
+    r = self.resumed
+    if self.fitting:
+        if self.learn.logger is _quiet: self.learn.logger = self.logger_
+        # resumed at the end of this fit, nothing left to train: the random state it ended with, for what follows (`fine_tune`'s 2nd fit)
+        if r.phase=='skip epochs' and r.rng is not None: set_rng_state(self.learn, r.rng)
+    try: super(Checkpoint, self).after_fit() # a signal's checkpoint is still this fit's
+    finally:
+        if self.fitting: self.n_fit += 1
+
+# %% ../nbs/03a_checkpoint.ipynb #fdd7d0b1
+@patch
+def _save(self:Checkpoint, epoch, it):
+    rec = getattr(self.learn, 'recorder', None)
+    # every rank's random state now, and as this epoch began (one exchange: a collective on every rank)
+    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0))
+    st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, fit=self.n_fit, ws=world_size(), train_iter=self.train_iter,
+              rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], history=[list(v) for v in rec.values] if rec is not None else None,
+              scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None,
+              ddp_tuning=getattr(self.learn, 'ddp_tuning', None))
+    beat() # the watchdog's clock starts again for the write, on every rank
+    # the fits after the first carry their number (`ckpt_f01_…` sorts after every `ckpt_e…`): the newest name is the newest checkpoint
+    name = f"ckpt_{f'f{self.n_fit:02d}_' if self.n_fit else ''}e{epoch:04d}_s{it:06d}"
+    if is_sharded(self.learn.model): save_sharded(self.learn, st, self.dir/f'{name}.dcp')
+    elif is_rank0():
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.write({**st, 'model': get_model(self.learn.model).state_dict(), 'opt': self.opt.state_dict()}, self.dir/f'{name}.pth')
+    if is_rank0():
+        for o in checkpoints(self.dir)[self.keep:]: _remove(o) # only once the new one is complete
+    distrib_barrier() # nobody moves on, or reads it, before it is written
+    self.last = (epoch, it, self.dir/(name+('.dcp' if is_sharded(self.learn.model) else '.pth')))
+    return self.last[2]
+
+@patch
+def write(self:Checkpoint, st, fn):
+    "Write the checkpoint `st` to `fn` (rank 0 only), atomically"
+    return save_atomic(st, fn)
+
+# %% ../nbs/03a_checkpoint.ipynb #a40d8f0b
+@patch
+def _ready(self:Checkpoint): return self.resumed.phase=='training' # while it skips, the weights are not those of the current step
+
+@patch
+def _requeue(self:Checkpoint):
+    "Under SLURM, on rank 0, requeue this job now that its checkpoint is on disk (as Lightning does); SLURM then stops it"
+    jid = os.environ.get('SLURM_JOB_ID')
+    if not (self.requeue and jid and is_rank0() and 'SIGUSR1' in self.stop['sig']): return # not on SIGTERM alone: `scancel` sends it
+    if os.environ.get('SLURM_ARRAY_JOB_ID'): jid = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    try: r = subprocess.run(['scontrol', 'requeue', jid], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return print(f"fastddp: could not requeue SLURM job {jid}: {e}", file=sys.stderr, flush=True)
+    print(f"fastddp: SLURM job {jid} "+("requeued" if r.returncode==0
+                                        else f"not requeued: {(r.stderr or r.stdout).strip()} (submit it with --requeue)"),
+          file=sys.stderr, flush=True)
+
+@patch
+def save_at(self:Checkpoint, epoch, it):
+    "The checkpoint at `it` steps into `epoch`: the one written or loaded there, or a new one"
+    return self.last[2] if self.last and self.last[:2]==(epoch, it) else self._save(epoch, it)

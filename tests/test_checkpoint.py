@@ -109,3 +109,34 @@ def test_sharded_resume(tmp_path, marker):
     bad = run_ranks(SCK, n=3, args=[tmp_path/'run', 'live', 4, marker], check=False)
     assert bad.rc!=0 and "written mid-epoch by 2 rank(s) and this run has 3" in bad.out, bad.out[-2000:]
     assert not wait_gone(marker, 10)
+
+# One process on a GPU: every 3 steps, killed mid-epoch (after the 13th of 10-step epochs), then the same command again
+CUDA = '''
+import sys, os
+from fastai.basics import *
+from fastddp.core import *; from fastddp.testing import report
+from fastddp.checkpoint import Checkpoint
+set_seed(0)
+x = torch.randn(40,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
+learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cuda'),
+                nn.Sequential(nn.Linear(3,8), nn.Dropout(0.2), nn.Linear(8,1)), loss_func=MSELossFlat(), path=sys.argv[1],
+                cbs=Checkpoint(every=3))
+class Die(Callback):
+    def after_batch(self):
+        if self.training and self.train_iter==13 and sys.argv[2]=='die': os._exit(3)
+with learn.no_logging(): learn.fit_one_cycle(3, 0.01, cbs=Die())
+report(w=[p.detach().cpu() for p in learn.model.parameters()], cuda_rng=torch.cuda.get_rng_state(),
+       dev=sorted({str(v.device) for st in learn.opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)}))
+'''
+
+@pytest.mark.cuda
+def test_resume_cuda(tmp_path):
+    ("On a GPU, resumed mid-epoch: Adam's state is on the GPU (fastai's load leaves it where the checkpoint was read, the CPU: the "
+     "first step failed), and the weights and the CUDA random state (dropout) equal an uninterrupted run's, bit for bit")
+    import torch
+    ref = run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/'a', 'live'])[0]
+    assert run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/'b', 'die'], check=False).rc==3
+    rs = run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/'b', 'live'])
+    assert "resuming from" in rs.out and "ckpt_e0001_s000002.pth" in rs.out, rs.out[-2000:]
+    assert rs[0]['dev']==ref['dev']==['cuda:0'], (rs[0]['dev'], ref['dev'])
+    assert torch.equal(_flat(rs[0]['w']), _flat(ref['w'])) and torch.equal(rs[0]['cuda_rng'], ref['cuda_rng'])

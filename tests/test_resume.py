@@ -1,0 +1,107 @@
+("Exact resume of the example scripts: stopped mid-epoch by SIGTERM or SIGUSR1 (through fastddp-launch, `python -m fastai.launch` "
+ "and torchrun) or at an epoch's end by a rank killed with SIGKILL (--max-restarts), the same command ends bit-equal to an "
+ "uninterrupted run")
+import os, re, signal, pytest, torch
+from pathlib import Path
+from fastddp.testing import run_ranks
+from fastddp.preempt import PREEMPTED
+from conftest import ROOT, wait_gone
+
+# The real script, run with two test callbacks added to the ones it asks `fastddp.script.train_cbs` for: `Sig` stops the first run
+# (AT='F.E.I': after training step I of epoch E of fit F, rank 0 sends SIG to the launcher; KILL='F.E': once the checkpoint at the
+# end of epoch E of fit F is written, rank 1 kills itself with SIGKILL, on the launcher's first attempt), and every run reports
+# each rank's model state and step count where the script finishes. argv: the script, its arguments, then a marker
+WRAP = '''
+import os, sys, time, signal, runpy
+from pathlib import Path
+from fastai.callback.core import Callback
+import fastddp.script as S
+from fastddp.core import rank
+from fastddp.testing import report
+from fastddp.preempt import Preempt
+Preempt.budget = 0.01 # a check at every step (the default: every 0.5 s), so that the stop lands in the epoch it was sent in
+script,args = sys.argv[1],[a for a in sys.argv[2:] if not a.startswith('mark-')]
+ck = Path(args[args.index('--checkpoint')+1])
+first = not (ck/'sent').exists() and os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')=='0'
+at,kill,sig = os.environ.get('AT'),os.environ.get('KILL'),getattr(signal, os.environ.get('SIG', 'SIGTERM'))
+class Sig(Callback):
+    order = 80 # after `Checkpoint` (70)
+    def before_fit(self): self.nf = self.__dict__.get('nf', -1)+1 # this fit's number (not `fit`: the learner's)
+    def after_batch(self):
+        if not self.training: return
+        time.sleep(0.02) # slow enough for a signal to land in the epoch it was sent in
+        if first and at==f'{self.nf}.{self.epoch}.{self.iter}' and rank()==0:
+            ck.mkdir(parents=True, exist_ok=True); (ck/'sent').touch(); os.kill(os.getppid(), sig)
+    def after_epoch(self):
+        if first and kill==f'{self.nf}.{self.epoch}' and rank()==1: os.kill(os.getpid(), signal.SIGKILL)
+_cbs,_fin = S.train_cbs,S.finish
+S.train_cbs = lambda *a, **k: _cbs(*a, **k)+[Sig()]
+def finish(learn, *a, **k):
+    report(sd={k:v.detach().clone() for k,v in learn.model.state_dict().items()}, ti=learn.train_iter)
+    return _fin(learn, *a, **k)
+S.finish = finish
+sys.argv = [script]+args
+runpy.run_path(script, run_name='__main__')
+'''
+
+def _run(tmp_path, name, args, launcher='fastddp', env=None, **kw):
+    return run_ranks(WRAP, n=2, launcher=launcher, args=[ROOT/'scripts'/f'{name}_ddp.py', *args, '--checkpoint', tmp_path/name],
+                     env={'FASTDDP_DATA': str(tmp_path.parent/'data'), **(env or {})}, timeout=600, **kw)
+
+def _same(rs, ref):
+    "Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so does its step count"
+    for o,r in zip(rs, ref):
+        assert o['ti']==r['ti'], (o['ti'], r['ti'])
+        bad = [k for k in r['sd'] if not torch.equal(o['sd'][k], r['sd'][k])]
+        assert not bad, f"differ: {bad[:5]}, largest {max((o['sd'][k].float()-r['sd'][k].float()).abs().max().item() for k in bad):.3g}"
+
+def _stopped(rs, code, ck, where):
+    "The first run stopped with `code` (None: any but 0, as torchrun's), its checkpoint written mid-epoch `where` ('F.E': fit F, epoch E)"
+    assert (rs.rc!=0 if code is None else rs.rc==code), rs.out[-3000:]
+    m = re.search(r"every rank stopped at epoch (\d+), step (\d+)", rs.out)
+    assert m and int(m[2])>0, rs.out[-3000:] # mid-epoch
+    f,e = map(int, where.split('.'))
+    assert m[1]==str(e) and (ck/f"ckpt_{f'f{f:02d}_' if f else ''}e{e:04d}_s{int(m[2]):06d}.pth").is_file(), rs.out[-3000:]
+    return int(m[2])
+
+def _resumed(rs):
+    assert "fastddp: resuming from" in rs.out, rs.out[-3000:]
+    assert not re.search(r"(^|\s)0\s+00:00", rs.out), rs.out[-3000:] # no empty row for an epoch done before the restart
+
+def test_tabular(tmp_path, marker):
+    ("tabular_ddp.py (fastai's tabular loader draws each epoch's order from np.random): SIGTERM to fastddp-launch mid-epoch, and "
+     "rank 1 SIGKILLed after an epoch's checkpoint under --max-restarts 1: each run resumes bit-equal")
+    args = ['--synthetic', '400', '--bs', '16', '--epochs', '3', marker] # 10 steps an epoch
+    ref = _run(tmp_path/'ref', 'tabular', args)
+    rs = _run(tmp_path/'a', 'tabular', args, env=dict(AT='0.1.3', SIG='SIGTERM'), check=False)
+    _stopped(rs, PREEMPTED, tmp_path/'a'/'tabular', '0.1')
+    assert not wait_gone(marker, 10)
+    again = _run(tmp_path/'a', 'tabular', args)
+    _same(again, ref); _resumed(again)
+    rs = _run(tmp_path/'c', 'tabular', args, largs=['--max-restarts', '1'], env=dict(KILL='0.0'))
+    assert "resuming from" in rs.out and "ckpt_e0001_s000000.pth (epoch 1 of 3, step 0)" in rs.out, rs.out[-3000:]
+    _same(rs, ref)
+    assert not wait_gone(marker, 10)
+
+def test_pets(tmp_path, marker):
+    ("pets_ddp.py (generated images, a random crop drawn in a DataLoader worker, dropout, fine_tune's two fits): SIGUSR1 to "
+     "`python -m fastai.launch` mid-epoch in the second fit; the same command skips the first fit, resumes, and ends bit-equal")
+    args = ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained', '--workers', '1', marker]
+    ref = _run(tmp_path/'ref', 'pets', args, launcher='fastai')
+    rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.0', SIG='SIGUSR1'), check=False)
+    _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')
+    again = _run(tmp_path/'a', 'pets', args, launcher='fastai')
+    _same(again, ref); _resumed(again)
+    assert "fastddp: resuming: fit 1 was done before the restart" in again.out, again.out[-3000:]
+    assert not wait_gone(marker, 10)
+
+def test_imdb(tmp_path, marker):
+    ("imdb_ddp.py (IMDB sample, generated: fastai's SortedDL shuffles with np.random; AWD-LSTM's dropouts): SIGTERM to torchrun "
+     "mid-epoch in the first (frozen) fit; the same command resumes there and ends bit-equal")
+    args = ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained', marker]
+    ref = _run(tmp_path/'ref', 'imdb', args, launcher='torchrun')
+    rs = _run(tmp_path/'a', 'imdb', args, launcher='torchrun', env=dict(AT='0.0.1', SIG='SIGTERM'), check=False)
+    _stopped(rs, None, tmp_path/'a'/'imdb', '0.0')
+    again = _run(tmp_path/'a', 'imdb', args, launcher='torchrun')
+    _same(again, ref); _resumed(again)
+    assert not wait_gone(marker, 10)
