@@ -35,11 +35,11 @@ def steps():
     return [
         ('doctor', [PY, '-c', 'from fastddp.doctor import doctor; doctor()'], 120, None),
         ('cuda tests (one GPU, nccl)', [PY, '-m', 'pytest', '-q', '-m', 'cuda', '-p', 'no:cacheprovider', *xd, '--deselect',
-                                        'tests/test_gpu.py', '--deselect', 'tests/test_bench.py::test_gpu_bench', 'tests'], 360, None),
-        ('ranks sharing the GPU (gloo, CUDA tensors)', [PY, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *xd, 'tests/test_gpu.py'], 360,
+                                        'tests/test_gpu.py', '--deselect', 'tests/test_bench.py::test_gpu_bench', 'tests'], 300, None),
+        ('ranks sharing the GPU (gloo, CUDA tensors)', [PY, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *xd, 'tests/test_gpu.py'], 300,
          None),
         ('notebooks: cuda cells', [PY, '-c', f'from nbdev.test import nbdev_test; nbdev_test(flags="cuda", n_workers=4, '
-                                   f'file_re="^({nbs})\\\\.ipynb$")'], 360,
+                                   f'file_re="^({nbs})\\\\.ipynb$")'], 300,
          None if importlib.util.find_spec('nbdev') else 'nbdev is not installed'),
         ('tabular script, python -m fastai.launch', [PY, '-m', 'fastai.launch', str(scripts/'tabular_ddp.py'), '--synthetic', '2000',
                                                      '--epochs', '1', '--fp16'], 300, None),
@@ -50,7 +50,7 @@ def steps():
                                         '1'], 300,
          None if has_spacy else 'spaCy missing: carry wheels-text/ (make gpu-wheels) in a call of its own'),
         ('python -m fastddp.bench --device cuda', [PY, '-m', 'fastddp.bench', '--device', 'cuda', '--save', str(LOGS/'bench_cuda.json')],
-         200, None if bench_dev else 'fastddp.bench has no --device option'),
+         150, None if bench_dev else 'fastddp.bench has no --device option'),
     ]
 
 def start(name, cmd):
