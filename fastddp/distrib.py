@@ -135,6 +135,9 @@ def check_args(model=None, # the model, to check `shard_modules` against
     get = kw.get
     if get('shard', False) not in (False, True, 'grads'):
         raise DistribError(f"shard={get('shard')!r}: expected True (parameters, gradients and optimizer state) or 'grads' (ZeRO-2)")
+    if get('shard') and shared_gpu():
+        raise DistribError("shard with FASTDDP_SHARE_GPU=1: torch's gloo has no reduce-scatter for CUDA tensors (FSDP2 over it died with "
+                           "SIGSEGV on an H200): shard with one GPU per rank (nccl), or on the CPU")
     if get('shard') and (get('comm_hook') or get('comm_stats')):
         raise DistribError("comm_hook and comm_stats act on DDP's all-reduce: a sharded model reduce-scatters its gradients with FSDP2")
     if get('sync_bn') not in (None, True, False): raise DistribError(f"sync_bn={get('sync_bn')!r}: expected True, False or None")

@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/prefetch.html.md"""
 __all__ = ['Prefetch']
 
 # %% ../nbs/02x_prefetch.ipynb #398a6f13
-import torch
+import gc, torch
 from fastai.basics import *
 from .core import warn_once
 
@@ -45,7 +45,7 @@ class Prefetch(Callback):
     def before_validate(self): self._on()
     def after_train(self): self._off()
     def after_validate(self): self._off()
-    def after_fit(self): self._off()
+    def after_fit(self): self._off(); gc.collect() # what the fit left in reference cycles goes before a later fit forks workers
 
     def _on(self):
         if _on_gpu(self.learn.dl): self.learn.dl.prefetch = self
@@ -67,6 +67,9 @@ class Prefetch(Callback):
         side = self.streams.get(dev)
         if side is None: side = self.streams[dev] = torch.cuda.Stream(dev)
         tfm,ahead = dl.after_batch,dl.fake_l.num_workers>0
+        # a worker forked while cyclic garbage holds pinned or CUDA memory frees it in the child, where CUDA cannot run: torch aborts
+        # there ("CUDA error: initialization error" in ~TensorImpl; seen on an H200 at the second fit of `fine_tune`). Collect it first
+        if ahead: gc.collect()
         old = dl.__dict__.get('after_batch'),dl.device,dl.pin_memory,dl.fake_l.pin_memory
         # fastai's `__iter__` then yields the collated batches, pinned (a list from torch's pinning becomes a tuple again), as they are
         dl.after_batch,dl.device,dl.pin_memory,dl.fake_l.pin_memory = noop,None,True,True

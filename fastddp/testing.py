@@ -66,6 +66,7 @@ def run_ranks(code:str, # the script's source, or the path of a script
         fn = Path(code) if '\n' not in code and Path(code).is_file() else Path(d)/'script.py'
         if fn.parent==Path(d): fn.write_text(code)
         cmd = [o.format(n=n, port=free_port()) for o in _launchers[launcher]]+list(largs)+[str(fn), *map(str, args)]
+        if n==1: cmd = [o for o in cmd if o!='--multi_gpu'] # accelerate refuses `--multi_gpu` with one process
         e = {**os.environ, 'FASTDDP_REPORT_DIR': d, 'PYTHONUNBUFFERED': '1', **(env or {})}
         p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         res = Ranks(read_reports(d, n)) # with 'python', `n` is what the script itself starts

@@ -117,7 +117,7 @@ def test_two_ranks_one_gpu_nccl():
     rs = run_ranks(NCCL_TWO, n=2, launcher='torchrun', check=False, timeout=120)
     assert rs.rc!=0 and "ranks 0 and 1 both use GPU" in rs.out, rs.out[-2000:]
 
-# FSDP2 over gloo with CUDA tensors: torch's gloo has no CUDA reduce-scatter, so this is tried rather than assumed
+# FSDP2 over gloo with CUDA tensors: torch's gloo has no CUDA reduce-scatter; tried on an H200 (2026-11-26), rank 0 died with SIGSEGV
 SHARD = '''
 import torch
 import fastddp
@@ -138,12 +138,10 @@ report(ddp=fit(), shard=fit(shard=True))
 '''
 
 def test_shared_gpu_shard():
-    "2 ranks sharing one GPU shard with FSDP2 over gloo: DDP's weights, or one clear error saying gloo cannot (not a traceback)"
-    import torch
+    "2 ranks sharing one GPU: DDP trains; shard=True stops with one clear line instead of gloo's crash"
     r = run_ranks(SHARD, n=2, env={'FASTDDP_SHARE_GPU': '1'}, timeout=180)[0]
     assert not isinstance(r['ddp'], str), r['ddp']
-    assert not isinstance(r['shard'], str), r['shard'] # what torch's gloo did with FSDP2's reduce-scatter on CUDA tensors
-    assert all(torch.allclose(a, b, atol=1e-5) for a,b in zip(r['ddp'], r['shard']))
+    assert r['shard'].startswith("DistribError: shard with FASTDDP_SHARE_GPU=1: torch's gloo has no reduce-scatter"), r['shard']
 
 # DataParallel (`learn.parallel_ctx()`, the scripts' --dp) on the GPUs it finds, without a launcher
 DP = '''

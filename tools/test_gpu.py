@@ -1,4 +1,5 @@
-"""`make test-gpu`: every GPU check in one command, one table at the end. On a machine whose Python has torch but not fastai it
+"""`make test-gpu`: every GPU check in one command, one table at the end (`python tools/test_gpu.py WORD...`: only the steps whose
+names hold a word). On a machine whose Python has torch but not fastai it
 first installs the carried wheels offline (`make gpu-wheels` downloads them here); on a machine without CUDA it reports each GPU
 step as not run."""
 import os, sys, time, json, subprocess, importlib.util, importlib.metadata as md
@@ -59,12 +60,21 @@ def start(name, cmd):
     f = open(log, 'w')
     return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL), log, time.time()
 
-def finish(p, log, t0, secs):
-    "Wait for a started step: (result, seconds, the log's last line)"
-    try: rc = p.wait(timeout=max(1, t0+secs-time.time()))
-    except subprocess.TimeoutExpired: p.kill(); p.wait(); rc = 'timeout'
-    tail = [l for l in log.read_text(errors='replace').splitlines() if l.strip()][-1:] or ['']
-    return ('passed' if rc==0 else f'FAILED ({rc})'), time.time()-t0, tail[0][:100]
+def finish(running):
+    "Wait for the started steps `(name, secs, process, log, start)`, each until its own limit: `{name: (result, seconds, last line)}`"
+    res,left = {},list(running)
+    while left:
+        for o in list(left):
+            name,secs,p,log,t0 = o
+            rc = p.poll()
+            if rc is None and time.time()<t0+secs: continue
+            if rc is None: p.kill(); p.wait(); rc = 'timeout'
+            tail = [l for l in log.read_text(errors='replace').splitlines() if l.strip()][-1:] or ['']
+            res[name] = ('passed' if rc==0 else f'FAILED ({rc})'), time.time()-t0, tail[0][:100]
+            print(f"{name}: {res[name][0]} in {res[name][1]:.0f} s", flush=True)
+            left.remove(o)
+        time.sleep(0.5)
+    return res
 
 def main():
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -74,20 +84,20 @@ def main():
     card = torch.cuda.get_device_name(0) if cuda else 'no CUDA GPU'
     if cuda: rows['install (offline)'] = ('passed', time.time()-t0, install())
     sts = steps()
+    only = sys.argv[1:] # words: run only the steps whose names hold one of them (a rerun of what failed)
+    if only: sts = [o for o in sts if any(w in o[0] for w in only)]
     for name,_,_,why in sts:
         if not cuda: why = 'not run: no CUDA GPU (torch.cuda.is_available() is False)'
         if why: rows[name] = ('not run', 0., why)
     todo = [o for o in sts if o[0] not in rows]
     # the correctness steps together (16 CPUs, one GPU), then the benchmark alone: its timings must not share the GPU
     for group in ([o for o in todo if 'bench' not in o[0]], [o for o in todo if 'bench' in o[0]]):
-        running = [(name, secs, *start(name, cmd)) for name,cmd,secs,_ in group]
-        for name,secs,p,log,ts in running:
-            rows[name] = finish(p, log, ts, secs)
-            print(f"{name}: {rows[name][0]} in {rows[name][1]:.0f} s", flush=True)
+        rows.update(finish([(name, secs, *start(name, cmd)) for name,cmd,secs,_ in group]))
     ls = [f"make test-gpu on {card}, torch {torch.__version__}, Python {sys.version.split()[0]}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.time()-t0:.0f} s in all; logs in {LOGS}",
           '', '| step | result | seconds | detail |', '|---|---|---|---|']
-    ls += [f"| {n} | {r} | {s:.0f} | {d.replace('|', '/')} |" for n,(r,s,d) in rows.items()]
+    order = ['install (offline)']+[o[0] for o in sts] # the table in the steps' order, whenever each ended
+    ls += [f"| {n} | {rows[n][0]} | {rows[n][1]:.0f} | {rows[n][2].replace('|', '/')} |" for n in order if n in rows]
     print('\n'.join(ls))
     (LOGS/'summary.md').write_text('\n'.join(ls)+'\n')
     (LOGS/'summary.json').write_text(json.dumps(dict(card=card, torch=torch.__version__, rows=rows)))
