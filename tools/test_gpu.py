@@ -37,7 +37,8 @@ def steps():
         ('doctor', [PY, '-c', 'from fastddp.doctor import doctor; doctor()'], 120, None),
         ('cuda tests (one GPU, nccl)', [PY, '-m', 'pytest', '-q', '-rA', '-m', 'cuda', '-p', 'no:cacheprovider', *xd, '--deselect',
                                         'tests/test_gpu.py', '--deselect', 'tests/test_bench.py::test_gpu_bench', 'tests'], 300, None),
-        ('ranks sharing the GPU (gloo, CUDA tensors)', [PY, '-m', 'pytest', '-q', '-rA', '-p', 'no:cacheprovider', *xd, 'tests/test_gpu.py'], 300,
+        ('ranks sharing the GPU (gloo, CUDA tensors)', [PY, '-m', 'pytest', '-q', '-rA', '-p', 'no:cacheprovider', *xd,
+                                                        'tests/test_gpu.py'], 300,
          None),
         ('notebooks: cuda cells', [PY, '-c', f'from nbdev.test import nbdev_test; nbdev_test(flags="cuda", n_workers=4, '
                                    f'file_re="^({nbs})\\\\.ipynb$")'], 300,
