@@ -10,6 +10,7 @@ __all__ = ['Prefetch']
 # %% ../nbs/02x_prefetch.ipynb #398a6f13
 import gc, torch
 from fastai.basics import *
+from fastai.data.load import _loaders
 from .core import warn_once
 
 # %% ../nbs/02x_prefetch.ipynb #8f2117be
@@ -29,6 +30,15 @@ def _record(o, s):
     "Mark tensor `o` as used by stream `s` (for the caching allocator)"
     if isinstance(o, Tensor): o.record_stream(s)
     return o
+
+def _host_batches(dl):
+    "fastai's `DataLoader.__iter__` up to its copy: the collated batches, in CPU memory (pinned when the loader pins)"
+    dl.randomize(); dl.before_iter()
+    dl._DataLoader__idxs = dl.get_idxs() # in this process, as fastai does: the workers read it
+    for b in _loaders[dl.fake_l.num_workers==0](dl.fake_l):
+        yield tuple(b) if dl.fake_l.pin_memory and type(b)==list else b # torch's pinning turns the tuples into lists
+    dl.after_iter()
+    if hasattr(dl, 'it'): del dl.it
 
 # %% ../nbs/02x_prefetch.ipynb #bfb870b8
 class Prefetch(Callback):
@@ -63,36 +73,33 @@ class Prefetch(Callback):
 
     def _batches(self, dl):
         dev = torch.device(dl.device)
-        main = torch.cuda.current_stream(dev)
-        side = self.streams.get(dev)
-        if side is None: side = self.streams[dev] = torch.cuda.Stream(dev)
-        tfm,ahead = dl.after_batch,dl.fake_l.num_workers>0
+        gpu = dev.type=='cuda' # on the CPU the same loop, without streams (the notebook checks it there)
+        if gpu:
+            main = torch.cuda.current_stream(dev)
+            side = self.streams.get(dev)
+            if side is None: side = self.streams[dev] = torch.cuda.Stream(dev)
+        ahead = dl.fake_l.num_workers>0
         # a worker forked while cyclic garbage holds pinned or CUDA memory frees it in the child, where CUDA cannot run: torch aborts
-        # there ("CUDA error: initialization error" in ~TensorImpl; seen on an H200 at the second fit of `fine_tune`). Collect it first
+        # there ("CUDA error: initialization error" in ~TensorImpl, seen on an H200 at a second fit). Collect it first
         if ahead: gc.collect()
-        old = dl.__dict__.get('after_batch'),dl.device,dl.pin_memory,dl.fake_l.pin_memory
-        # fastai's `__iter__` then yields the collated batches, pinned (a list from torch's pinning becomes a tuple again), as they are
-        dl.after_batch,dl.device,dl.pin_memory,dl.fake_l.pin_memory = noop,None,True,True
+        old,dl.fake_l.pin_memory = dl.fake_l.pin_memory,gpu # torch's loader pins as it collates, or in a thread of this process
         def copy(b): # queued on the side stream: the CPU goes on at once
+            if not gpu: return to_device(b, dev),None
             with torch.cuda.stream(side): d = to_device(b, dev, non_blocking=True)
             return d,side.record_event()
         def ready(d, ev): # the main stream reads `d` only once its copy is done; its memory stays its until then
-            main.wait_event(ev)
-            apply(_record, d, main)
-            return tfm(d)
+            if ev is not None: main.wait_event(ev); apply(_record, d, main)
+            return dl.after_batch(d) # the loader's own batch transforms, untouched (fastai's `_one_pass` applies them too)
         try:
             if not ahead:
-                for b in _dl_iter(dl): yield ready(*copy(b))
+                for b in _host_batches(dl): yield ready(*copy(b))
                 return
             nxt = None
-            for b in _dl_iter(dl):
+            for b in _host_batches(dl):
                 cur,nxt = nxt,copy(b) # the next batch's copy is queued before this one goes to its step
                 if cur is not None: yield ready(*cur)
             if nxt is not None: yield ready(*nxt)
-        finally:
-            ab,dl.device,dl.pin_memory,dl.fake_l.pin_memory = old
-            if ab is None: dl.__dict__.pop('after_batch', None)
-            else: dl.after_batch = ab
+        finally: dl.fake_l.pin_memory = old
 
 # %% ../nbs/02x_prefetch.ipynb #6cd3a4ba
 def _overlaps(trace:dict): # a Chrome trace from torch's profiler

@@ -53,7 +53,8 @@ def fit(prefetch, bf16=False):
 
 a,b = fit(True),fit(False)
 res = dict(gpu=gpu, same_batches=len(a['xs'])==len(b['xs'])>0 and all(torch.equal(x, y) for x,y in zip(a['xs'], b['xs'])),
-           same_weights=all(torch.equal(p, q) for p,q in zip(a['ps'], b['ps'])),
+           # two identical fits on a GPU differ in the last bits (6e-8 on an H200: atomic adds in some backward kernels)
+           same_weights=all(torch.allclose(p, q, atol=1e-5) if gpu else torch.equal(p, q) for p,q in zip(a['ps'], b['ps'])),
            on=(a['on'], b['on']), prefetch_cb=('Prefetch' in a['cbs_in'], 'Prefetch' in b['cbs_in']), after=a['cbs_after'],
            steps=a['steps'], syncs=(a['syncs'], b['syncs']), first_syncs=(a['first_syncs'], b['first_syncs']))
 if gpu: c = fit(True, bf16=True); res.update(bf16_syncs=c['syncs'], bf16_first=c['first_syncs'])
