@@ -23,6 +23,7 @@ from .shard import is_sharded
 from .memory import holder, state_dicts
 from .preempt import Preempt
 from .stream import is_stream
+from .train import Accumulate
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -262,6 +263,11 @@ def before_fit(self:Checkpoint):
     self.last = (st['epoch'], st['iter'], f)
     self._skip(Resume(st['epoch'], st['iter'], rng, rng0, st.get('train_iter'), st.get('history'), 'skip epochs'))
     rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
+    k = _accum(self.learn)
+    if st.get('train_iter') and st['train_iter']%k:
+        warn_once(f"{f.name} was written at an epoch's end {st['train_iter']%k} micro-batch(es) after the last optimizer step of "
+                  f"Accumulate({k}): their gradients are not in it, so the run is not bit-equal to an uninterrupted one (epochs of a "
+                  f"multiple of {k} steps avoid it)")
     if not same: warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order "
                            "re-sharded (and the global batch changed): not bit-equal to an uninterrupted run"
                            +(f"; the epoch goes on after step {st['iter']} of the new sharding" if st['iter'] else ""))
@@ -299,7 +305,8 @@ def _resumed_at(self:Checkpoint, r:Resume):
 
 @patch
 def after_batch(self:Checkpoint):
-    if self.training and self.every!='epoch' and self.fitting and self.train_iter%self.every==0: self._save(self.epoch, self.iter+1)
+    if self.training and self.every!='epoch' and self.fitting and self.train_iter%self.every==0 and self._ready():
+        self._save(self.epoch, self.iter+1)
     super(Checkpoint, self).after_batch() # a signal: every rank saves here and stops
 
 @patch
@@ -350,8 +357,15 @@ def write(self:Checkpoint, st, fn):
     return save_atomic(st, fn)
 
 # %% ../nbs/03a_checkpoint.ipynb #a40d8f0b
+def _accum(learn):
+    "Micro-batches per optimizer step: `Accumulate`'s `k`, 1 without one"
+    return max([o.k for o in learn.cbs if isinstance(o, Accumulate)], default=1)
+
 @patch
-def _ready(self:Checkpoint): return self.resumed.phase=='training' # while it skips, the weights are not those of the current step
+def _ready(self:Checkpoint):
+    "May a checkpoint be written now? Not while a resumed run skips (the weights are not those of the step), nor between two optimizer steps"
+    # of `Accumulate` (the gradients of its micro-batches are not saved): a signal stops the ranks at the next optimizer step
+    return self.resumed.phase=='training' and self.train_iter%_accum(self.learn)==0
 
 @patch
 def _requeue(self:Checkpoint):

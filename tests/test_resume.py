@@ -84,12 +84,13 @@ def test_tabular(tmp_path, marker):
     assert not wait_gone(marker, 10)
 
 def test_pets(tmp_path, marker):
-    ("pets_ddp.py (generated images, a random crop drawn in a DataLoader worker, dropout, fine_tune's two fits): SIGUSR1 to "
-     "`python -m fastai.launch` mid-epoch in the second fit; the same command skips the first fit, resumes, and ends bit-equal")
-    args = ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained', '--workers', '1', marker]
+    ("pets_ddp.py (generated images, a random crop drawn in a DataLoader worker, dropout, fine_tune's two fits, --accum 2): SIGUSR1 "
+     "to `python -m fastai.launch` mid-epoch in the second fit; the same command skips the first fit, resumes, and ends bit-equal")
+    args = ['--synthetic', '148', '--size', '32', '--bs', '6', '--arch', 'resnet18', '--no-pretrained', '--workers', '1', '--accum', '2',
+            marker] # 10 steps an epoch: 5 optimizer steps
     ref = _run(tmp_path/'ref', 'pets', args, launcher='fastai')
-    rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.0', SIG='SIGUSR1'), check=False)
-    _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')
+    rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.1', SIG='SIGUSR1'), check=False)
+    assert _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')%2==0 # at an optimizer step
     again = _run(tmp_path/'a', 'pets', args, launcher='fastai')
     _same(again, ref); _resumed(again)
     assert "fastddp: resuming: fit 1 was done before the restart" in again.out, again.out[-3000:]
