@@ -363,7 +363,7 @@ def _accum(learn):
 
 @patch
 def _ready(self:Checkpoint):
-    "May a checkpoint be written now? Not while a resumed run skips (the weights are not those of the step), nor between two optimizer steps"
+    "May a checkpoint be written now? Not while a resumed run skips (its weights are not the step's), nor between two optimizer steps"
     # of `Accumulate` (the gradients of its micro-batches are not saved): a signal stops the ranks at the next optimizer step
     return self.resumed.phase=='training' and self.train_iter%_accum(self.learn)==0
 
