@@ -37,7 +37,7 @@ class Sig(Callback):
 _cbs,_fin = S.train_cbs,S.finish
 S.train_cbs = lambda *a, **k: _cbs(*a, **k)+[Sig()]
 def finish(learn, *a, **k):
-    report(sd={k:v.detach().clone() for k,v in learn.model.state_dict().items()}, ti=learn.train_iter)
+    report(sd={k:v.detach().clone() for k,v in learn.model.state_dict().items()}, ti=learn.train_iter, hist=learn.recorder.values)
     return _fin(learn, *a, **k)
 S.finish = finish
 sys.argv = [script]+args
@@ -49,9 +49,10 @@ def _run(tmp_path, name, args, launcher='fastddp', env=None, **kw):
                      env={'FASTDDP_DATA': str(tmp_path.parent/'data'), **(env or {})}, timeout=600, **kw)
 
 def _same(rs, ref):
-    "Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so does its step count"
+    "Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so do its step count and the recorder's rows"
     for o,r in zip(rs, ref):
         assert o['ti']==r['ti'], (o['ti'], r['ti'])
+        assert o['hist']==r['hist'], (o['hist'], r['hist']) # train_loss (smoothed over the fit), valid_loss, metrics
         bad = [k for k in r['sd'] if not torch.equal(o['sd'][k], r['sd'][k])]
         assert not bad, f"differ: {bad[:5]}, largest {max((o['sd'][k].float()-r['sd'][k].float()).abs().max().item() for k in bad):.3g}"
 
