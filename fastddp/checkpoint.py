@@ -23,6 +23,8 @@ from .shard import is_sharded
 from .memory import holder, state_dicts
 from .preempt import Preempt
 from .stream import is_stream
+from .train import Accumulate
+from .epoch_loss import EpochLoss
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -196,6 +198,8 @@ class Resume:
     rng0:dict=None # ...and as that epoch began: the epoch draws its order and its workers' seeds again from it
     train_iter:int=None # training steps of the fit done (fastai's `train_iter`)
     history:list=None # the recorder's rows of the epochs done
+    smooth:tuple=None # the recorder's smoother of the training loss: `(val, count)`
+    losses:Tensor=None # this rank's losses of the epoch's steps done, which `EpochLoss` smooths at the epoch's end
     phase:str='training' # 'skip epochs' -> 'replay order' -> 'training'
 
 def _quiet(*args, **kwargs): "The logger while a resumed run skips epochs: their rows were printed by the run that trained them"
@@ -260,8 +264,14 @@ def before_fit(self:Checkpoint):
     rng,rng0 = pick('rng'),pick('rng0')
     if rng0 is None: rng0 = {**rng, 'dl': st.get('dl0')} # written by an older version: the loader's generator only
     self.last = (st['epoch'], st['iter'], f)
-    self._skip(Resume(st['epoch'], st['iter'], rng, rng0, st.get('train_iter'), st.get('history'), 'skip epochs'))
+    self._skip(Resume(st['epoch'], st['iter'], rng, rng0, st.get('train_iter'), st.get('history'), st.get('smooth'),
+                      pick('losses') if same else None, 'skip epochs'))
     rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
+    k = _accum(self.learn)
+    if st.get('train_iter') and st['train_iter']%k:
+        warn_once(f"{f.name} was written at an epoch's end {st['train_iter']%k} micro-batch(es) after the last optimizer step of "
+                  f"Accumulate({k}): their gradients are not in it, so the run is not bit-equal to an uninterrupted one (epochs of a "
+                  f"multiple of {k} steps avoid it)")
     if not same: warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order "
                            "re-sharded (and the global batch changed): not bit-equal to an uninterrupted run"
                            +(f"; the epoch goes on after step {st['iter']} of the new sharding" if st['iter'] else ""))
@@ -273,6 +283,8 @@ def before_epoch(self:Checkpoint):
     if r.phase!='skip epochs': return
     if self.epoch<r.epoch: raise CancelEpochException() # done before the restart
     if self.learn.logger is _quiet: self.learn.logger = self.logger_
+    sm,_ = _smoothers(self.learn)
+    if r.smooth is not None and sm is not None: sm.val,sm.count = r.smooth # on the CPU, where fastai's `reset` makes it
     r.phase = 'replay order'
 
 @patch
@@ -296,10 +308,14 @@ def before_train(self:Checkpoint):
 def _resumed_at(self:Checkpoint, r:Resume):
     "The random state of the step the checkpoint was written at (the loader's generator stays: it drew this epoch's order)"
     set_rng_state(self.learn, {**r.rng, 'dl': _train_dl(self.learn).rng.getstate()})
+    _,rk = _smoothers(self.learn)
+    # this rank's losses of the steps done, on the device the next ones come from (`EpochLoss` stacks them all at the epoch's end)
+    if rk is not None and r.losses is not None: rk.losses = list(r.losses.to(next(self.learn.model.parameters()).device))
 
 @patch
 def after_batch(self:Checkpoint):
-    if self.training and self.every!='epoch' and self.fitting and self.train_iter%self.every==0: self._save(self.epoch, self.iter+1)
+    if self.training and self.every!='epoch' and self.fitting and self.train_iter%self.every==0 and self._ready():
+        self._save(self.epoch, self.iter+1)
     super(Checkpoint, self).after_batch() # a signal: every rank saves here and stops
 
 @patch
@@ -326,9 +342,13 @@ def after_fit(self:Checkpoint):
 def _save(self:Checkpoint, epoch, it):
     rec = getattr(self.learn, 'recorder', None)
     # every rank's random state now, and as this epoch began (one exchange: a collective on every rank)
-    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0))
+    sm,rk = _smoothers(self.learn) # the smoothed loss goes on as in an uninterrupted run (mid-epoch: with each rank's steps so far)
+    ls = torch.stack(rk.losses).cpu() if rk is not None and rk.losses else None
+    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0, losses=ls))
     st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, fit=self.n_fit, ws=world_size(), train_iter=self.train_iter,
-              rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], history=[list(v) for v in rec.values] if rec is not None else None,
+              rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], losses=[o['losses'] for o in rs],
+              smooth=(sm.val.detach().cpu(), sm.count) if sm is not None and isinstance(sm.val, Tensor) else None,
+              history=[list(v) for v in rec.values] if rec is not None else None,
               scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None,
               ddp_tuning=getattr(self.learn, 'ddp_tuning', None))
     beat() # the watchdog's clock starts again for the write, on every rank
@@ -350,8 +370,22 @@ def write(self:Checkpoint, st, fn):
     return save_atomic(st, fn)
 
 # %% ../nbs/03a_checkpoint.ipynb #a40d8f0b
+def _smoothers(learn):
+    "The recorder's own smoother of the training loss (`EpochLoss` holds it while an epoch trains), and the epoch's `RankSmoothLoss`"
+    rec = getattr(learn, 'recorder', None)
+    if rec is None: return None,None
+    el = next((o for o in learn.cbs if isinstance(o, EpochLoss) and o.rec is not None), None)
+    return (el.sm, rec.smooth_loss) if el is not None else (rec.smooth_loss, None)
+
+def _accum(learn):
+    "Micro-batches per optimizer step: `Accumulate`'s `k`, 1 without one"
+    return max([o.k for o in learn.cbs if isinstance(o, Accumulate)], default=1)
+
 @patch
-def _ready(self:Checkpoint): return self.resumed.phase=='training' # while it skips, the weights are not those of the current step
+def _ready(self:Checkpoint):
+    "May a checkpoint be written now? Not while a resumed run skips (its weights are not the step's), nor between two optimizer steps"
+    # of `Accumulate` (the gradients of its micro-batches are not saved): a signal stops the ranks at the next optimizer step
+    return self.resumed.phase=='training' and self.train_iter%_accum(self.learn)==0
 
 @patch
 def _requeue(self:Checkpoint):

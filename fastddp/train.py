@@ -50,7 +50,7 @@ class Accumulate(Callback):
     def __init__(self, k=2): store_attr()
     def before_fit(self): self.i,self.ctx = 0,None
     def before_batch(self):
-        self.i += 1
+        self.i = self.train_iter+1 # the micro-batches of this fit, this one included: fastai's count, which a resumed run restores
         m = self.learn.model # DDP decides in the forward pass whether the backward all-reduces: enter `no_sync` before it
         if self.i%self.k and hasattr(m, 'no_sync'): self.ctx = m.no_sync(); self.ctx.__enter__()
         # a sharded (FSDP2) model keeps the micro-batches' gradients unsharded, and reduce-scatters them with the last one

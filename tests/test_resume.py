@@ -37,7 +37,7 @@ class Sig(Callback):
 _cbs,_fin = S.train_cbs,S.finish
 S.train_cbs = lambda *a, **k: _cbs(*a, **k)+[Sig()]
 def finish(learn, *a, **k):
-    report(sd={k:v.detach().clone() for k,v in learn.model.state_dict().items()}, ti=learn.train_iter)
+    report(sd={k:v.detach().clone() for k,v in learn.model.state_dict().items()}, ti=learn.train_iter, hist=learn.recorder.values)
     return _fin(learn, *a, **k)
 S.finish = finish
 sys.argv = [script]+args
@@ -49,9 +49,10 @@ def _run(tmp_path, name, args, launcher='fastddp', env=None, **kw):
                      env={'FASTDDP_DATA': str(tmp_path.parent/'data'), **(env or {})}, timeout=600, **kw)
 
 def _same(rs, ref):
-    "Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so does its step count"
+    "Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so do its step count and the recorder's rows"
     for o,r in zip(rs, ref):
         assert o['ti']==r['ti'], (o['ti'], r['ti'])
+        assert o['hist']==r['hist'], (o['hist'], r['hist']) # train_loss (smoothed over the fit), valid_loss, metrics
         bad = [k for k in r['sd'] if not torch.equal(o['sd'][k], r['sd'][k])]
         assert not bad, f"differ: {bad[:5]}, largest {max((o['sd'][k].float()-r['sd'][k].float()).abs().max().item() for k in bad):.3g}"
 
@@ -84,12 +85,13 @@ def test_tabular(tmp_path, marker):
     assert not wait_gone(marker, 10)
 
 def test_pets(tmp_path, marker):
-    ("pets_ddp.py (generated images, a random crop drawn in a DataLoader worker, dropout, fine_tune's two fits): SIGUSR1 to "
-     "`python -m fastai.launch` mid-epoch in the second fit; the same command skips the first fit, resumes, and ends bit-equal")
-    args = ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained', '--workers', '1', marker]
+    ("pets_ddp.py (generated images, a random crop drawn in a DataLoader worker, dropout, fine_tune's two fits, --accum 2): SIGUSR1 "
+     "to `python -m fastai.launch` mid-epoch in the second fit; the same command skips the first fit, resumes, and ends bit-equal")
+    args = ['--synthetic', '148', '--size', '32', '--bs', '6', '--arch', 'resnet18', '--no-pretrained', '--workers', '1', '--accum', '2',
+            marker] # 10 steps an epoch: 5 optimizer steps
     ref = _run(tmp_path/'ref', 'pets', args, launcher='fastai')
-    rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.0', SIG='SIGUSR1'), check=False)
-    _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')
+    rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.1', SIG='SIGUSR1'), check=False)
+    assert _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')%2==0 # at an optimizer step
     again = _run(tmp_path/'a', 'pets', args, launcher='fastai')
     _same(again, ref); _resumed(again)
     assert "fastddp: resuming: fit 1 was done before the restart" in again.out, again.out[-3000:]
