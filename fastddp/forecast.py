@@ -80,10 +80,11 @@ def measured(tc:TimeCost):
     n = len(r0['steps'])
     syncs = r0.get('syncs', 0)
     return dict(ws=st['ws'], local_ws=r0.get('local_ws', st['ws']), cuda=st['cuda'], cpus=r0.get('cpus', cpus()[0]),
-                threads=r0.get('threads', 1), bs=st['bs'], workers=st['workers'], phases=ph,
+                threads=r0.get('threads', 1), bs=st['bs'], workers=st['workers'], dflt_workers=r0.get('dflt_workers'), phases=ph,
                 comm_ms=min(m for m,_,_ in st['phases']['comm']), busy=busy, accum=n/syncs if syncs else 1.,
                 sent=r0['comm'], grads=getattr(tc, 'grads', None) or [], hook=getattr(tc, 'hook', None),
-                psgd_start=getattr(tc, 'psgd_start', None), steps=n, samples_s=st['samples_per_s'], baseline=tc.baseline)
+                psgd_start=getattr(tc, 'psgd_start', None), bucket_mb=getattr(tc, 'bucket_mb', None), steps=n,
+                samples_s=st['samples_per_s'], baseline=tc.baseline)
 
 # %% ../nbs/05c_forecast.ipynb #a8dead53
 def grad_bytes(grads, # `(shape, bytes per element)` of each gradient
@@ -152,13 +153,15 @@ def predict(m:dict, # `measured(tc)`
     hook = w['comm_hook'] if 'comm_hook' in w else m['hook']
     comm = 0.
     if W>1:
-        cap = w.get('bucket_cap_mb', 25 if m['cuda'] else 1024)
+        # the run's bucket size, else the default: DDP's 25 MiB (the first bucket 1 MiB), fastddp's one bucket on gloo
+        cap = w.get('bucket_cap_mb', m.get('bucket_mb') or (25 if m['cuda'] else 1024))
         full = [es*math.prod(sh) for sh,es in m['grads']] or [m['sent']]
         sent = grad_bytes(m['grads'], hook) if m['grads'] else [m['sent']]
-        bks = buckets(full, cap)
+        bks = buckets(full, cap, 1 if cap==25 else cap)
         r = sum(sent)/sum(full) if sum(full) else 1.
-        A['buckets'] = (f"{len(bks)} bucket{'s'*(len(bks)>1)} of at most {cap} MiB ({'DDP' if m['cuda'] else 'fastddp on gloo'}'s "
-                        f"default{'' if 'bucket_cap_mb' not in w else ', changed'}); {sum(full)/2**20:.1f} MiB of gradients")
+        A['buckets'] = (f"{len(bks)} bucket{'s'*(len(bks)>1)} of at most {cap:g} MiB "
+                        f"({'given' if 'bucket_cap_mb' in w else 'as the run had' if m.get('bucket_mb') else 'the default'}); "
+                        f"{sum(full)/2**20:.1f} MiB of gradients")
         A['overlap'] = "a bucket's all-reduce starts once backward has made its share of the gradient bytes; one at a time"
         A['link'] = f"{lk['bw']/1e9:.3g} GB/s each way, {lk['lat']*1e6:.0f} us per ring hop: {lk['source']}"
         ex = lambda f,c: 1e3*exposed_s([o*f for o in bks], bwd/1e3, W, lk['bw'], lk['lat'], c)
@@ -176,18 +179,22 @@ def predict(m:dict, # `measured(tc)`
     strag = float(max(m['busy'])-np.median(m['busy'])) if W>1 and W0>1 else 0.
     if W>1: A['straggler'] = f"{strag:.2f} ms per step, as measured" if W0>1 else "none: one rank measured"
     # data: per sample as measured, against the workers a rank gets
-    w0 = m['workers']
-    wk = w.get('workers', rank_workers(m['cpus'], ranks) if w0 else 0)
+    # a rank's workers: where the run left them at fastai's default, what a run at the target gets (fastai's default in one process,
+    # fastddp's share of the CPUs under a launcher, `fastddp.distrib`), else the count the run chose
+    w0,dflt = m['workers'],m.get('dflt_workers')
+    wk = w.get('workers', (min(16, m['cpus']) if W==1 else rank_workers(m['cpus'], ranks)) if dflt else w0)
+    how = 'given' if 'workers' in w else "fastai's default, each rank's share of the CPUs under DDP" if dflt else 'as the run chose'
     rest = (k*(fwd+bwd+fixed)+opt+comm+strag)/k
     d0,step0 = ph['data'],sum(ph.values())
-    if w0==0 or d0>limits['data']*step0: # loaded in the main process, or the workers were too few: the wait is their pace
+    if w0==0 or (d0>limits['data']*step0 and wk): # loaded in the main process, or the workers' pace held the run back
         ld = d0/b0 if w0==0 else step0*w0/b0 # ms per sample, in one process
-        data = ld*b if wk==0 else max(0., ld*b/wk-rest)
+        data = ld*b if wk==0 else max(0., ld*b/wk-rest) # workers load while the rank computes
         A['data'] = (f"{ld:.3f} ms per sample to load ({'in the main process' if w0==0 else f'the pace of {w0} workers'}, "
-                     f"measured), {wk} worker{'s'*(wk!=1)} per rank{' (given)' if 'workers' in w else ''}")
+                     f"measured), {wk} worker{'s'*(wk!=1)} per rank ({how})")
     else:
-        data = d0
-        A['data'] = f"hidden behind {w0} workers (wait {d0:.2f} ms per step, measured): assumed to stay so with {wk}"
+        data = d0*b/b0
+        A['data'] = (f"the wait measured with {w0} workers ({d0:.2f} ms per step), per sample, with {wk} ({how})"
+                     +(': the cost of loading in the main process was not measured' if wk==0 else ''))
     ms = dict(compute=k*(fwd+bwd)+opt, data=k*data, fixed=k*fixed, comm=comm, straggler=strag)
     sync = sum(ms.values())
     res.update(step_ms=float(sync/k), samples_s=float(1e3*W*b*k/sync), ms={o:float(v/k) for o,v in ms.items()}, limit=_limit(ms))

@@ -98,6 +98,9 @@ class TimeCost(Callback):
         st = getattr(self.learn, 'comm_stats', None)
         if st is not None: st.on_bucket = self.bucket_ready
         if st is not None and self.syncs0 is None: self.syncs0 = st.syncs # this fit's synchronised steps count from here
+        dl = self.dls.train # its workers while it trains (under DDP fastddp gives a loader left at fastai's default its CPU share)
+        dl = dl.dl if isinstance(dl, DistributedDL) else dl
+        self.workers,self.dflt_workers = getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0),dl.__dict__.get('default_workers')
         self.t0,self.nc = self.clock.now(),n_compiles() # validation's compiles are not the next step's
         self.ms = [['data', self.t0]]
 
@@ -150,12 +153,13 @@ class TimeCost(Callback):
         "Gather every rank's steps on rank 0, which reports and plots them"
         self.learn.remove_cb(self.end)
         st = getattr(self.learn, 'comm_stats', None)
-        dl = self.dls.train
         dt = is_distributed(self.learn)
         # the gradients' shapes and element sizes: the bytes and buckets of an all-reduce that a forecast at more ranks needs
         self.grads = [(tuple(p.shape), p.element_size()) for p in self.learn.model.parameters() if p.requires_grad]
+        cap = getattr(self.learn.model, 'bucket_bytes_cap', None) # DDP's buckets: the forecast's overlap of all-reduce and backward
+        self.bucket_mb = cap/2**20 if cap else None
         me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
-                  comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0),
+                  comm=st.bytes_per_sync if st is not None else 0., workers=self.workers, dflt_workers=self.dflt_workers,
                   cuda=self.clock.cuda, mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool),
                   compiles=n_compiles()-self.nc0, threads=torch.get_num_threads(), cpus=cpus()[0],
                   local_ws=int(os.environ.get('LOCAL_WORLD_SIZE') or 1) if dt else 1,

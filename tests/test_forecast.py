@@ -44,7 +44,8 @@ def test_two_ranks(tmp_path):
 def test_script_forecast(tmp_path):
     "One process of the tabular script with --forecast 2: the report forecasts two ranks over the link the doctor's benchmark measures"
     rs = run_ranks(str(ROOT/'scripts'/'tabular_ddp.py'), n=1, launcher='python', timeout=600,
-                   args=['--synthetic', '400', '--bs', '32', '--forecast', '1,2,64'], env={'FASTDDP_DATA': str(tmp_path/'data'), 'CUDA_VISIBLE_DEVICES': ''})
+                   args=['--synthetic', '400', '--bs', '32', '--forecast', '1,2,64'],
+                   env={'FASTDDP_DATA': str(tmp_path/'data'), 'CUDA_VISIBLE_DEVICES': ''}) # a CPU run, on any machine
     o = rs.out
     assert 'forecast (weak scaling' in o and "measured by the doctor's all-reduce benchmark on 2 gloo ranks" in o, o[-3000:]
     assert '64 ranks on' in o and 'more than the cores' in o # no machine here has 64 cores
