@@ -309,13 +309,16 @@ def forecast_lines(self:TimeCost,
     fs = []
     for n,h,lk in parse_targets(targets):
         try: fs.append(self.forecast(n, h, lk or link, scaling))
-        except DistribError as e: fs.append(dict(ranks=n, hosts=h, samples_s=None, why=str(e))) # the report goes on
+        except DistribError as e: fs.append(dict(ranks=n, hosts=h, link=lk or link, samples_s=None, why=str(e))) # the report goes on
     ls = [f"forecast ({scaling} scaling, from this run; speed-up against one process):",
-          f"  {'ranks':>5} {'hosts':>5} {'bs/rank':>7} {'ms/step':>8} {'samples/s':>10} {'speed-up':>8} {'efficiency':>10}  limited by"]
+          f"  {'ranks':>5} {'hosts':>5} {'link':>10} {'bs/rank':>7} {'ms/step':>8} {'samples/s':>10} {'speed-up':>8} {'efficiency':>10}"
+          "  limited by"]
     for f in fs:
-        if f['samples_s'] is None: ls.append(f"  {f['ranks']:>5} {f['hosts']:>5}  {f['why']}"); continue
-        ls.append(f"  {f['ranks']:>5} {f['hosts']:>5} {f['bs']:>7} {f['step_ms']:>8.1f} {f['samples_s']:>10.1f} {f['speedup']:>8.2f} "
-                  f"{f['efficiency']:>10.2f}  {_words[f['limit']]}")
+        lk = f.get('link')
+        lk = ('measured' if f['ranks']*f['hosts']>1 else '-') if lk is None else 'benchmark' if isinstance(lk, dict) else str(lk)[:10]
+        if f['samples_s'] is None: ls.append(f"  {f['ranks']:>5} {f['hosts']:>5} {lk:>10}  {f['why']}"); continue
+        ls.append(f"  {f['ranks']:>5} {f['hosts']:>5} {lk:>10} {f['bs']:>7} {f['step_ms']:>8.1f} {f['samples_s']:>10.1f} "
+                  f"{f['speedup']:>8.2f} {f['efficiency']:>10.2f}  {_words[f['limit']]}")
     ok = [f for f in fs if f['samples_s'] is not None]
     if not ok: return ls
     f = max(ok, key=lambda o: o['world'])
