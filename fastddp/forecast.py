@@ -84,6 +84,7 @@ def measured(tc:TimeCost):
                 comm_ms=min(m for m,_,_ in st['phases']['comm']), busy=busy, accum=n/syncs if syncs else 1.,
                 sent=r0['comm'], grads=getattr(tc, 'grads', None) or [], hook=getattr(tc, 'hook', None),
                 psgd_start=getattr(tc, 'psgd_start', None), bucket_mb=getattr(tc, 'bucket_mb', None), steps=n,
+                buffers=getattr(tc, 'buffers', 0) if getattr(tc, 'bcast', True) else 0,
                 samples_s=st['samples_per_s'], baseline=tc.baseline)
 
 # %% ../nbs/05c_forecast.ipynb #a8dead53
@@ -143,7 +144,10 @@ def predict(m:dict, # `measured(tc)`
         return {**res, **dict.fromkeys(('samples_s','step_ms','speedup','efficiency','limit','ms')), 'why': why}
     # compute: per sample as measured; on a CPU, spread over the threads a rank gets
     ts = 1. if m['cuda'] else m['threads']/thr
-    fwd,bwd,opt = ph['forward']*b/b0*ts,ph['backward']*b/b0*ts,ph['step']*k0*ts
+    # DDP broadcasts the buffers from rank 0 before every forward (`broadcast_buffers`, on by default): a tree of ceil(log2 N)
+    # hops; the measured forward holds the run's own broadcast, the forecast's is added to the network's part
+    bc = lambda n: 0. if n<2 or not m.get('buffers') or lk is None else 1e3*math.ceil(math.log2(n))*(lk['lat']+m['buffers']/lk['bw'])
+    fwd,bwd,opt = max(0., ph['forward']-bc(W0))*b/b0*ts,ph['backward']*b/b0*ts,ph['step']*k0*ts
     fixed = ph['callbacks']+ph['other']
     A['compute'] = ("forward and backward per sample as measured (time linear in the batch)"
                     +(f", spread over {thr} threads instead of {m['threads']} (linear)" if ts!=1 else '')
@@ -175,6 +179,9 @@ def predict(m:dict, # `measured(tc)`
         else:
             comm = ex(r, 1)
             if hook: A['compression'] = f"comm_hook={hook!r} sends {r:.0%} of the bytes; casting not counted"
+        if bc(W): A['buffers'] = (f"DDP broadcasts {m['buffers']/2**10:.1f} KiB of buffers before each forward: {bc(W):.2f} ms, "
+                                  f"{math.ceil(math.log2(W))} hop{'s'*(W>2)} of a tree")
+        comm += bc(W)
     # the slowest rank: as much slower as in the measured run
     strag = float(max(m['busy'])-np.median(m['busy'])) if W>1 and W0>1 else 0.
     if W>1: A['straggler'] = f"{strag:.2f} ms per step, as measured" if W0>1 else "none: one rank measured"

@@ -158,6 +158,9 @@ class TimeCost(Callback):
         self.grads = [(tuple(p.shape), p.element_size()) for p in self.learn.model.parameters() if p.requires_grad]
         cap = getattr(self.learn.model, 'bucket_bytes_cap', None) # DDP's buckets: the forecast's overlap of all-reduce and backward
         self.bucket_mb = cap/2**20 if cap else None
+        # DDP broadcasts the buffers (BatchNorm's statistics) before every forward unless told not to: one more collective a step
+        self.buffers = sum(b.numel()*b.element_size() for b in self.learn.model.buffers())
+        self.bcast = getattr(self.learn.model, 'broadcast_buffers', True)
         me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
                   comm=st.bytes_per_sync if st is not None else 0., workers=self.workers, dflt_workers=self.dflt_workers,
                   cuda=self.clock.cuda, mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool),
