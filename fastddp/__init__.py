@@ -14,7 +14,9 @@ _loading = [] # `fastai.distributed` and the fastddp modules executing now, oute
 
 def _patch():
     "Patch fastai's distributed module, once it is loaded and no fastddp module is half-loaded"
-    if 'fastai.distributed' in sys.modules and not _loading: importlib.import_module('fastddp.distrib')
+    if 'fastai.distributed' in sys.modules and not _loading:
+        importlib.import_module('fastddp.distrib')
+        importlib.import_module('fastddp.forecast') # `learn.add_time_cost()`, `learn.time_cost.forecast()` (and `fastddp.timecost`)
 
 # %% ../nbs/00_init.ipynb #7395a1ae
 def _on_first_use(name):
@@ -22,14 +24,14 @@ def _on_first_use(name):
     def _f(self, *args, **kwargs):
         importlib.import_module('fastai.distributed')
         return getattr(self, name)(*args, **kwargs)
-    _f.__name__,_f.__qualname__,_f.__doc__ = name,f'Learner.{name}',f"`Learner.{name}` from `fastai.distributed`, loaded on first use"
+    _f.__name__,_f.__qualname__,_f.__doc__ = name,f'Learner.{name}',f"`Learner.{name}` from fastddp, loaded on first use"
     return _f
 
 def _add_placeholders():
-    "Give fastai's `Learner` the distributed methods before `fastai.distributed` is imported"
+    "Give fastai's `Learner` the distributed methods (and `add_time_cost`) before `fastai.distributed` is imported"
     if 'fastai.distributed' in sys.modules: return
     L = sys.modules['fastai.learner'].Learner
-    for o in ('distrib_ctx','to_distributed','parallel_ctx','to_parallel'):
+    for o in ('distrib_ctx','to_distributed','parallel_ctx','to_parallel','add_time_cost'):
         if not hasattr(L, o): setattr(L, o, _on_first_use(o))
 
 # %% ../nbs/00_init.ipynb #9f7f80dc

@@ -73,7 +73,8 @@ def script_flags(scale_lr:str=None, # scale lr with the number of processes: 'li
                  out:str=None, # folder for metrics.json and export.pkl
                  checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
                  resume:bool=True, # with --no-resume, start over even if --checkpoint holds one
-                 time_cost:bool=False): # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
+                 time_cost:bool=False, # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
+                 forecast:str=None): # time cost and the speed-up forecast at these ranks per host: 8,16 or 2x8 (hosts x ranks)
     "The flags every example script takes, declared once: a script's `main` gets them with `@delegates(script_flags)`"
     return AttrDict(locals())
 
@@ -102,14 +103,16 @@ def train_cbs(scale_lr:str=None, # 'linear', 'sqrt' or None
               checkpoint:str=None, # folder for a checkpoint every epoch
               resume:bool=True, # continue from the newest checkpoint there
               time_cost:bool=False, # time every step's phases and count its FLOPs; rank 0 prints the report (with MFU) after each fit
-              out:str=None): # where the time-cost plot goes (`time_cost.png`)
+              out:str=None, # where the time-cost plot goes (`time_cost.png`)
+              forecast:str=None): # ranks to forecast in the time-cost report, such as '8,16' (`fastddp.forecast`); implies `time_cost`
     "The callbacks for the common flags"
     cbs = [EpochTimer(), WrapRecorder()]
     if scale_lr: cbs.append(ScaleLR(scale_lr, k=accum))
     if accum>1: cbs.append(Accumulate(accum))
     if checkpoint: cbs.append(Checkpoint(Path(checkpoint).expanduser().absolute(), resume='auto' if resume else False))
     # the report's FLOPs and MFU line
-    if time_cost: cbs += [Throughput(), TimeCost(fname=Path(out).expanduser()/'time_cost.png' if out else None)]
+    if time_cost or forecast:
+        cbs += [Throughput(), TimeCost(fname=Path(out).expanduser()/'time_cost.png' if out else None, targets=forecast)]
     return cbs
 
 # %% ../nbs/08_script.ipynb #8a0bf71c

@@ -78,13 +78,15 @@ class TimeCost(Callback):
                  show:bool=True, # rank 0 prints the report after fit
                  fname:str=None, # rank 0 saves the plot there (PNG) after fit
                  baseline:float=None, # samples/s of one process on the same task, for the scaling efficiency
-                 n_timeline:int=4): # steps in the plot's timeline
+                 n_timeline:int=4, # steps in the plot's timeline
+                 targets=None): # ranks per host to forecast in the report, such as '8,16' or '2x8' (hosts x ranks; `fastddp.forecast`)
         store_attr()
         self.ranks = None
 
     def before_fit(self):
+        self.hook,self.psgd_start,self.syncs0 = None,None,None # what the forecast needs of the communication hook
         for cb in self.learn.cbs: # the hook that counts all-reduces also tells when buckets are ready
-            if isinstance(cb, DistributedTrainer): cb.comm_stats = True
+            if isinstance(cb, DistributedTrainer): cb.comm_stats,self.hook,self.psgd_start = True,cb.comm_hook,cb.powersgd_start
         self.end = TimeEnd(self)
         self.learn.add_cb(self.end)
         self.raw,self.steps,self.bs,self.timeline,self.mem,self.compiled = [],[],[],[],None,[]
@@ -95,6 +97,10 @@ class TimeCost(Callback):
         self.clock = Clock(torch.device(dev).type=='cuda')
         st = getattr(self.learn, 'comm_stats', None)
         if st is not None: st.on_bucket = self.bucket_ready
+        if st is not None and self.syncs0 is None: self.syncs0 = st.syncs # this fit's synchronised steps count from here
+        dl = self.dls.train # its workers while it trains (under DDP fastddp gives a loader left at fastai's default its CPU share)
+        dl = dl.dl if isinstance(dl, DistributedDL) else dl
+        self.workers,self.dflt_workers = getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0),dl.__dict__.get('default_workers')
         self.t0,self.nc = self.clock.now(),n_compiles() # validation's compiles are not the next step's
         self.ms = [['data', self.t0]]
 
@@ -147,12 +153,20 @@ class TimeCost(Callback):
         "Gather every rank's steps on rank 0, which reports and plots them"
         self.learn.remove_cb(self.end)
         st = getattr(self.learn, 'comm_stats', None)
-        dl = self.dls.train
-        me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
-                  comm=st.bytes_per_sync if st is not None else 0., workers=getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0),
-                  cuda=self.clock.cuda, mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool),
-                  compiles=n_compiles()-self.nc0)
         dt = is_distributed(self.learn)
+        # the gradients' shapes and element sizes: the bytes and buckets of an all-reduce that a forecast at more ranks needs
+        self.grads = [(tuple(p.shape), p.element_size()) for p in self.learn.model.parameters() if p.requires_grad]
+        cap = getattr(self.learn.model, 'bucket_bytes_cap', None) # DDP's buckets: the forecast's overlap of all-reduce and backward
+        self.bucket_mb = cap/2**20 if cap else None
+        # DDP broadcasts the buffers (BatchNorm's statistics) before every forward unless told not to: one more collective a step
+        self.buffers = sum(b.numel()*b.element_size() for b in self.learn.model.buffers())
+        self.bcast = getattr(self.learn.model, 'broadcast_buffers', True)
+        me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
+                  comm=st.bytes_per_sync if st is not None else 0., workers=self.workers, dflt_workers=self.dflt_workers,
+                  cuda=self.clock.cuda, mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool),
+                  compiles=n_compiles()-self.nc0, threads=torch.get_num_threads(), cpus=cpus()[0],
+                  local_ws=int(os.environ.get('LOCAL_WORLD_SIZE') or 1) if dt else 1,
+                  syncs=st.syncs-(self.syncs0 or 0) if st is not None else 0)
         self.ranks = all_gather_list(me) if dt else [me]
         if not is_rank0(): return
         if self.show: print(self.report())
@@ -304,6 +318,8 @@ def report(self:TimeCost,
     tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU
     if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None):
         ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
+    fl = getattr(self, 'forecast_lines', None) # `fastddp.forecast`: the speed-up at the `targets`
+    if self.targets and callable(fl): ls += fl(self.targets)
     rs = recommend(st, lim)
     ls += ["recommendations:"]+[f"- {k}: {v}" for k,v in rs] if rs else ["recommendations: none, every factor is within its limit"]
     return Text('\n'.join(ls))

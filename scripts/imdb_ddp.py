@@ -30,7 +30,7 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
         # pretrained: fastai downloads WT103's weights (`untar_data`) unless ~/.fastai/models has them; only that download failing
         # means "no weights" (any other error is the learner's own, and shows as it is)
         try: learn = text_classifier_learner(dls, AWD_LSTM, pretrained=pretrained, drop_mult=0.5, metrics=accuracy,
-                                             cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
+                                             cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out, o.forecast))
         except offline_errors as e: raise ScriptError(f"no pretrained WT103 weights (could not download them: {type(e).__name__}: {e}): "
                                                       "they download into ~/.fastai/models once online; or pass --no-pretrained") from e
         t0 = time.time()

@@ -53,7 +53,7 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
         dls = ImageDataLoaders.from_name_re(path, get_image_files(path/'images'), pat=PETS_RE, item_tfms=Resize(size), bs=bs, seed=o.seed,
                                            **({} if workers==-1 else dict(num_workers=n_workers() if workers is None else workers)))
         learn = vision_learner(dls, a, pretrained=pretrained, weights=w, metrics=error_rate,
-                               cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
+                               cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out, o.forecast))
         t0 = time.time()
         with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook): learn.fine_tune(epochs, lr)
         finish(learn, 'pets', epochs, time.time()-t0, len(dls.train_ds), o.out)

@@ -23,7 +23,8 @@ def main(data:str=None, # `adult_sample` folder in fastai's layout (default: dow
         dls = TabularDataLoaders.from_df(df, path=path, y_names='salary', bs=bs, procs=[Categorify, FillMissing, Normalize],
                                          cat_names=['workclass','education','marital-status','occupation','relationship','race'],
                                          cont_names=['age','fnlwgt','education-num'])
-        learn = tabular_learner(dls, metrics=accuracy, cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out))
+        learn = tabular_learner(dls, metrics=accuracy,
+                                cbs=train_cbs(o.scale_lr, o.accum, o.checkpoint, o.resume, o.time_cost, o.out, o.forecast))
         t0 = time.time()
         with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook): learn.fit_one_cycle(epochs, lr)
         finish(learn, 'tabular', epochs, time.time()-t0, len(dls.train_ds), o.out)

@@ -12,7 +12,7 @@ def has_cuda():
 # (`-m "not slow"`)
 SLOW = {'test_notebooks', 'test_docs', 'test_hosts', 'test_slurm', 'test_shard', 'test_tune', 'test_scripts', 'test_checkpoint',
         'test_loggers', 'test_precision', 'test_bench', 'test_distrib', 'test_watchdog', 'test_stream', 'test_compile', 'test_preempt',
-        'test_overhead', 'test_prefetch', 'test_resume'}
+        'test_overhead', 'test_prefetch', 'test_resume', 'test_forecast'}
 
 # `make test` runs the modules on 2 pytest-xdist workers, a module's tests in one worker (its fixtures made once): the longest
 # modules first, so that neither worker is left with a long one at the end; the two that share the `hosts` namespaces run as one

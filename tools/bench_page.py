@@ -44,6 +44,7 @@ COMMANDS = [
     f"python -m fastddp.bench --model tabular --steps 100 --warmup 5 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost "
     f"--png '' --save {D}/23b_compile_tabular.json",
     f"python tools/bench_foreach.py --reps 7 --save {D}/24_foreach.json",
+    f"python tools/bench_forecast.py --workloads resnet18,mlp,tabular --rates 1gbit,100mbit --reps 3 --save {D}/25_forecast.json",
     # on a GPU only: `make test-gpu` runs it (a CPU machine cannot regenerate this one)
     f"python -m fastddp.bench --device cuda --save {D}/30_gpu_bench.json",
 ]

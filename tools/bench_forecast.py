@@ -1,0 +1,131 @@
+"""The forecast (`fastddp.forecast`) against real runs: each run measures itself with `TimeCost` and forecasts the others.
+
+Runs, per workload, one process each (1 thread, as the launcher gives a rank; the batch per rank fixed: weak scaling):
+  1 rank    - `python`, measured; forecasts 2 ranks on this host (over the link the doctor's all-reduce benchmark measured once,
+              at the start) and 1 rank on each of 2 hosts over every `--rates` link (and with `--whatifs` over the slowest)
+  2 ranks   - `fastddp-launch --nproc 2`, measured; forecasts 1 rank
+  2 hosts   - one rank in each of two network namespaces joined by a veth pair that `tc` shapes to each rate (`tests/hosts.py`,
+              root only), measured; with `--whatifs`, also with accumulation 4 and fp16 compression over the slowest link
+Nothing is fitted to these runs: the model's inputs are the 1-rank (or 2-rank) run's own timings, the link's nominal rate and the
+benchmark's bandwidth. Each (forecast, measured) pair is the median over `--reps` interleaved repetitions; the error is
+forecast / measured - 1 on samples/s. The load average is recorded at every run: on a shared machine, regenerate on a quiet one.
+Usage: python tools/bench_forecast.py [--workloads resnet18,mlp,tabular] [--rates 1gbit,100mbit] [--reps 3] [--save FILE.json]"""
+import os, sys, json, shlex, statistics, tempfile
+from pathlib import Path
+from fastcore.script import call_parse
+from fastddp.testing import run_ranks, read_reports
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]/'tests'))
+from hosts import Hosts # test code, kept with the tests
+from fastddp.bench import save_result
+from fastddp.allreduce import run_bench
+
+# one run: the workload as `fastddp.bench` builds it, `TimeCost` on, then the forecasts asked for (rank 0 reports)
+WORKER = '''
+import sys, json, torch
+from contextlib import nullcontext
+import fastddp
+from fastai.basics import *
+from fastai.distributed import *
+from fastai.callback.progress import ProgressCallback
+from fastddp.core import *
+from fastddp.train import Accumulate
+from fastddp.testing import report
+from fastddp.bench import _data, _model, _fastai_dls
+a = json.loads(sys.argv[1])
+torch.set_num_threads(1)
+ws,bs = world_size(),a['bs']
+dls = _fastai_dls(_data(bs*ws*a['accum']*(a['steps']+a['warmup']), a['size'], a['arch']), bs*ws, ws, a['arch'])
+learn = Learner(dls, _model(a['arch']), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01,
+                cbs=[Accumulate(a['accum'])] if a['accum']>1 else [])
+learn.remove_cb(ProgressCallback)
+learn.add_time_cost(skip=a['warmup']*a['accum'], show=False)
+with (learn.distrib_ctx(comm_hook=a['hook']) if ws>1 else nullcontext()): learn.fit(1)
+tc = learn.time_cost
+if is_rank0():
+    fs = {k:tc.forecast(*t, link=lk, **w) for k,(t,lk,w) in a['forecasts'].items()}
+    report(samples_s=tc.stats()['samples_per_s'], forecasts=fs, bytes=tc.ranks[0]['comm'])
+'''
+
+def _args(arch, size, bs, steps, warmup, accum=1, hook=None, forecasts=None):
+    return json.dumps(dict(arch=arch, size=size, bs=bs, steps=steps, warmup=warmup, accum=accum, hook=hook, forecasts=forecasts or {}))
+
+def on_one_host(script, n, args):
+    "Rank 0's report of `n` ranks on this host (`python` for one)"
+    return run_ranks(str(script), n=n, launcher='fastddp' if n>1 else 'python', args=[args], env={'OMP_NUM_THREADS': '1'},
+                     timeout=1800)[0]
+
+def across(hs, script, args):
+    "Rank 0's report with one rank on each host"
+    with tempfile.TemporaryDirectory() as d:
+        ps = hs.launch(script, [args], env={'FASTDDP_REPORT_DIR': d, 'OMP_NUM_THREADS': '1'})
+        outs = [p.communicate(timeout=1800)[0] for p in ps]
+        if any(p.returncode for p in ps): raise RuntimeError('\n'.join(o[-3000:] for o in outs))
+        return read_reports(d, 2)[0]
+
+_work = dict(resnet18=('resnet18', 64, 16, 6, 2), mlp=('mlp', None, 32, 200, 20), tabular=('tabular', None, 64, 200, 20))
+
+def table(rows):
+    "The markdown table of `rows`: one a (workload, from, to) pair, forecast and measured as lists over repetitions"
+    med = statistics.median
+    ls = ["| workload | forecast from | to | forecast (samples/s) | measured (samples/s) | error | gain forecast | gain measured |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f,m = med(r['forecast']),med(r['measured'])
+        g = f"{med(r['gain_f']):.2f} | {med(r['gain_m']):.2f}" if r['gain_f'] else " | "
+        ls.append(f"| {r['workload']} | {r['src']} | {r['dst']} | {f:.1f} | {m:.1f} | {f/m-1:+.1%} | {g} |")
+    errs = sorted(abs(statistics.median(r['forecast'])/statistics.median(r['measured'])-1) for r in rows)
+    if errs: ls.append(f"\nAbsolute error: median {statistics.median(errs):.1%}, worst {errs[-1]:.1%} over {len(errs)} pairs.")
+    return '\n'.join(ls)
+
+@call_parse
+def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
+         rates:str='1gbit,100mbit', # links between the two hosts, as `tc` writes them ('' for no runs across hosts)
+         whatifs:bool=True, # also accumulation 4 and fp16 over the slowest link, forecast from one rank
+         reps:int=3, # repetitions, interleaved
+         save:str=None): # write the result as JSON for `tools/bench_page.py`
+    "Forecast samples/s against measured samples/s, from 1 rank to 2 and from 2 ranks to 1, on one host and across two"
+    rates = [o for o in rates.split(',') if o]
+    slow = rates[-1] if rates else None
+    link = run_bench(2, 2**26) # the doctor's all-reduce benchmark on this host, measured once: the 1-rank runs' link to a second rank
+    res,loads = {},[]
+    def add(key, f, m, gf=None, gm=None):
+        r = res.setdefault(key, dict(workload=key[0], src=key[1], dst=key[2], forecast=[], measured=[], gain_f=[], gain_m=[]))
+        r['forecast'].append(f); r['measured'].append(m)
+        if gf is not None: r['gain_f'].append(gf); r['gain_m'].append(gm)
+    def save_now(done):
+        t = table(list(res.values()))+(f"\n\nLoad average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f} "
+                                       f"(median {statistics.median(loads):.1f}) on {os.cpu_count()} CPUs; "
+                                       "figures from a shared machine are noisy: regenerate on a quiet one.")
+        part = '' if done==reps else f" ({done} of {reps} repetitions done)"
+        if save: save_result(save, 'forecast', f"Forecast against measured samples/s: {', '.join(ws)}, 1 thread a rank, "
+                             f"batch per rank fixed{part}", 'python tools/bench_forecast.py '+shlex.join(sys.argv[1:]), t, loads=loads,
+                             runs=list(res.values()))
+        return t
+    ws = workloads.split(',')
+    with tempfile.TemporaryDirectory() as d, Hosts() as hs:
+        script = Path(d)/'run.py'
+        script.write_text(WORKER)
+        for i in range(reps):
+            for w in ws:
+                arch,size,bs,steps,warmup = _work[w]
+                kw = dict(arch=arch, size=size, bs=bs, steps=steps, warmup=warmup)
+                fc = {'2': ((2, 1), link, {}), **{r: ((1, 2), r, {}) for r in rates}}
+                if whatifs and slow: fc.update(acc4=((1, 2), slow, dict(accum=4)), fp16=((1, 2), slow, dict(comm_hook='fp16')))
+                loads.append(os.getloadavg()[0]); one = on_one_host(script, 1, _args(**kw, forecasts=fc))
+                loads.append(os.getloadavg()[0]); two = on_one_host(script, 2, _args(**kw, forecasts={'1': ((1, 1), None, {})}))
+                f1 = one['forecasts']
+                add((w, '1 rank', '2 ranks, one host'), f1['2']['samples_s'], two['samples_s'])
+                add((w, '2 ranks', '1 rank'), two['forecasts']['1']['samples_s'], one['samples_s'])
+                for r in rates:
+                    hs.shape(r)
+                    loads.append(os.getloadavg()[0]); m = across(hs, script, _args(**kw))
+                    add((w, '1 rank', f'2 hosts × 1 rank, {r}'), f1[r]['samples_s'], m['samples_s'])
+                    if r==slow and whatifs:
+                        for k,o in (('acc4', dict(accum=4)), ('fp16', dict(hook='fp16'))):
+                            loads.append(os.getloadavg()[0]); mk = across(hs, script, _args(**{**kw, **o}))
+                            add((w, '1 rank', f"2 hosts × 1 rank, {r}, {'Accumulate(4)' if k=='acc4' else 'fp16'}"),
+                                f1[k]['samples_s'], mk['samples_s'], f1[k]['samples_s']/f1[r]['samples_s'], mk['samples_s']/m['samples_s'])
+                hs.shape(None)
+                print(f"rep {i+1}/{reps} {w}: done", flush=True)
+            t = save_now(i+1) # after each repetition: a run cut short keeps the ones done
+    print(t)
