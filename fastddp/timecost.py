@@ -93,8 +93,9 @@ class TimeCost(Callback):
         self.nc0 = self.nc = n_compiles() # dynamo's count: a step that compiled is the compiler's time, not the step's
 
     def before_train(self):
-        dev = getattr(self.dls, 'device', None) or default_device()
-        self.clock = Clock(torch.device(dev).type=='cuda')
+        # where the model trains, not where fastai's loaders would put batches: with gloo on a GPU machine, the CPU (CUDA events
+        # would time an idle GPU)
+        self.clock = Clock(learn_device(self.learn).type=='cuda')
         st = getattr(self.learn, 'comm_stats', None)
         if st is not None: st.on_bucket = self.bucket_ready
         if st is not None and self.syncs0 is None: self.syncs0 = st.syncs # this fit's synchronised steps count from here
@@ -261,9 +262,9 @@ def recommend(st, lim=None):
     if sh['data']>lim['data']:
         res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step "
                             f"(limit {lim['data']:.0%}): use more DataLoader workers ({_workers(st['workers'])}) or lighter item "
-                            "transforms; on a GPU, augmentation on the device (batch transforms), and keep distrib_ctx's prefetch "
-                            "on (pinned batches copied on a side stream ahead of their step: fastai's own loaders copy with "
-                            "non_blocking=False, which waits even from pinned memory)"))
+                            "transforms; on a GPU, augmentation on the device (batch transforms), and try "
+                            "distrib_ctx(prefetch=True) (pinned batches copied on a side stream ahead of their step: fastai's own "
+                            "loaders copy with non_blocking=False, which waits even from pinned memory)"))
     if sh['comm']>lim['comm']: res.append(('comm', _comm_advice(st, lim)))
     if st['imbalance']>lim['imbalance']:
         res.append(('imbalance', f"rank {st['straggler']} is the straggler: busy {max(st['busy_ms']):.1f} ms per step "
