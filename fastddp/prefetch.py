@@ -32,7 +32,7 @@ def _record(o, s):
     return o
 
 def _host_batches(dl):
-    "fastai's `DataLoader.__iter__` up to its copy: the collated batches, in CPU memory (pinned when the loader pins)"
+    "fastai's loader iteration up to its copy: the collated batches, in CPU memory (pinned when the loader pins)"
     dl.randomize(); dl.before_iter()
     dl._DataLoader__idxs = dl.get_idxs() # in this process, as fastai does: the workers read it
     for b in _loaders[dl.fake_l.num_workers==0](dl.fake_l):
