@@ -20,7 +20,7 @@ from .core import *
 from .probe import report_cpu, cpu_half, cpu_peak, device_peak
 from .launch import port_free, free_port
 from .testing import RanksFailed
-from .allreduce import parse_size, fmt_size, run_bench
+from .allreduce import parse_size, fmt_size, run_bench, bench_launched
 
 # %% ../nbs/06_doctor.ipynb #6f5d7b86
 def chk(name:str, # what was checked
@@ -318,7 +318,7 @@ def _is_model(name):
 
 @call_parse
 def doctor(json:bool=False, # print the report as JSON
-           bench:bool=False, # also measure all-reduce bandwidth on `nproc` ranks
+           bench:bool=False, # also measure all-reduce bandwidth on `nproc` ranks (under a launcher: over its ranks, across hosts)
            nproc:int=None, # ranks planned on this machine (default: one per GPU, 2 without a GPU)
            workers:int=None, # DataLoader workers per rank you chose (default: left at fastai's, which `distrib_ctx` shares among the ranks)
            model:str=None, # with --bench: time one all-reduce of this torchvision model's gradients, e.g. resnet34
@@ -333,7 +333,8 @@ def doctor(json:bool=False, # print the report as JSON
             r['checks'].append(chk('bench', f"--model {model}: not a torchvision model", False,
                                    "give a torchvision model name, such as resnet34 (torchvision.models.list_models())"))
         else:
-            try: r['bench'] = run_bench(r['env']['nproc'], ms, model)
+            # started by a launcher (on several hosts, say): sweep over its ranks, rank 0 reports; else start `nproc` ranks here
+            try: r['bench'] = bench_launched(ms, model) if 'LOCAL_RANK' in os.environ else run_bench(r['env']['nproc'], ms, model)
             except RanksFailed as e: # the ranks' own error: their output says what it was
                 print(e.ranks.out[-3000:], file=sys.stderr)
                 r['checks'].append(chk('bench', f"the ranks failed (exit code {e.ranks.rc})", False,
@@ -342,6 +343,7 @@ def doctor(json:bool=False, # print the report as JSON
                 r['checks'].append(chk('bench', f"the ranks did not finish in {e.timeout:.0f} s", False,
                                        "a rank hangs: run fastddp-doctor without --bench, and check the network between the ranks"))
         r['status'] = status(r['checks'])
+        if 'LOCAL_RANK' in os.environ and rank()!=0: return int(r['status']=='fail') # rank 0 says it for all
     print(dumps(r, indent=1) if json else render(r), flush=True)
     return int(r['status']=='fail')
 

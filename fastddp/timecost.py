@@ -15,6 +15,7 @@ from .core import *
 from .memory import rank_memory
 from .tune import tune_summary
 from .compile import n_compiles
+from torch.nn.parallel import DistributedDataParallel
 
 # %% ../nbs/05_timecost.ipynb #eb13fea5
 phases = ('data','forward','backward','comm','step','callbacks','other')
@@ -32,7 +33,7 @@ def segments(ms):
 def step_phases(segs):
     "Seconds per phase, in the order of `phases`"
     d = dict.fromkeys(phases, 0.)
-    for p,t0,t1 in segs: d[p] += t1-t0
+    for p,t0,t1 in segs: d['comm' if p=='sync' else p] += t1-t0 # 'sync': DDP's broadcast before forward
     return [d[p] for p in phases]
 
 # %% ../nbs/05_timecost.ipynb #082d035b
@@ -89,7 +90,7 @@ class TimeCost(Callback):
             if isinstance(cb, DistributedTrainer): cb.comm_stats,self.hook,self.psgd_start = True,cb.comm_hook,cb.powersgd_start
         self.end = TimeEnd(self)
         self.learn.add_cb(self.end)
-        self.raw,self.steps,self.bs,self.timeline,self.mem,self.compiled = [],[],[],[],None,[]
+        self.raw,self.steps,self.bs,self.timeline,self.mem,self.compiled,self.sync = [],[],[],[],None,[],[]
         self.nc0 = self.nc = n_compiles() # dynamo's count: a step that compiled is the compiler's time, not the step's
 
     def before_train(self):
@@ -104,10 +105,18 @@ class TimeCost(Callback):
         self.workers,self.dflt_workers = getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0),dl.__dict__.get('default_workers')
         self.t0,self.nc = self.clock.now(),n_compiles() # validation's compiles are not the next step's
         self.ms = [['data', self.t0]]
+        # DDP's forward first broadcasts the buffers (BatchNorm's statistics), waiting for every rank: communication, not compute.
+        # The wrapped module's forward pre-hook (torch's own extension point) marks where the compute starts
+        m = self.learn.model
+        self.pre = m.module.register_forward_pre_hook(self.forward_starts) if isinstance(m, DistributedDataParallel) else None
 
     def mark(self, phase):
         "`phase` starts now"
         self.ms.append([phase, self.clock.now()])
+
+    def forward_starts(self, *_):
+        "DDP's work before the wrapped module's forward (broadcasting buffers) is communication: 'sync', counted with 'comm'"
+        if self.learn.training and self.ms[-1][0]=='forward': self.ms[-1][0] = 'sync'; self.mark('forward')
 
     def bucket_ready(self, bucket):
         "Until the next bucket backward goes on; after the last one, backward waits for the network"
@@ -140,14 +149,16 @@ class TimeCost(Callback):
         "Turn the epoch's marks into seconds per phase (one synchronisation on CUDA)"
         st = getattr(self.learn, 'comm_stats', None)
         if st is not None: st.on_bucket = None
+        if self.pre is not None: self.pre.remove()
         ts = self.clock.secs([t for ms,*_ in self.raw for _,t in ms], self.t0)
         i = 0
         for ms,bs,cp in self.raw:
             segs = segments([(p,ts[i+j]) for j,(p,_) in enumerate(ms)])
             i += len(ms)
             n = len(self.steps)
-            if self.skip<=n<self.skip+self.n_timeline: self.timeline.append(segs)
+            if self.skip<=n<self.skip+self.n_timeline: self.timeline.append([('comm' if p=='sync' else p, a, b) for p,a,b in segs])
             self.steps.append(step_phases(segs)); self.bs.append(bs); self.compiled.append(cp)
+            self.sync.append(sum(b-a for p,a,b in segs if p=='sync'))
         self.raw = []
 
     def fit_done(self):
@@ -160,14 +171,14 @@ class TimeCost(Callback):
         cap = getattr(self.learn.model, 'bucket_bytes_cap', None) # DDP's buckets: the forecast's overlap of all-reduce and backward
         self.bucket_mb = cap/2**20 if cap else None
         # DDP broadcasts the buffers (BatchNorm's statistics) before every forward unless told not to: one more collective a step
-        self.buffers = sum(b.numel()*b.element_size() for b in self.learn.model.buffers())
+        self.buf_bytes = sum(b.numel()*b.element_size() for b in self.learn.model.buffers()) # not `buffers`: the learner's name
         self.bcast = getattr(self.learn.model, 'broadcast_buffers', True)
         me = dict(steps=np.array(self.steps).reshape(-1, len(phases)), bs=np.array(self.bs), timeline=self.timeline,
                   comm=st.bytes_per_sync if st is not None else 0., workers=self.workers, dflt_workers=self.dflt_workers,
                   cuda=self.clock.cuda, mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool),
                   compiles=n_compiles()-self.nc0, threads=torch.get_num_threads(), cpus=cpus()[0],
                   local_ws=int(os.environ.get('LOCAL_WORLD_SIZE') or 1) if dt else 1,
-                  syncs=st.syncs-(self.syncs0 or 0) if st is not None else 0)
+                  syncs=st.syncs-(self.syncs0 or 0) if st is not None else 0, sync=np.array(self.sync))
         self.ranks = all_gather_list(me) if dt else [me]
         if not is_rank0(): return
         if self.show: print(self.report())
@@ -223,7 +234,9 @@ def stats(self:TimeCost,
     res['eff'] = res['samples_per_s']/(res['ws']*baseline) if baseline else None
     # the all-reduce's effective rate: a step's bytes over the exposed time of the rank that waited least (the others also wait
     # for a straggler), median over steps; it is the link's rate when backward hides none of the all-reduce, higher when it does
-    res['comm_ms'] = min(m for _,m,_ in res['phases']['comm'])
+    # DDP's broadcast of buffers before forward, which 'comm' also counts (mean ms per step on each rank)
+    res['sync_ms'] = [1e3*r['sync'][_kept(r, self.skip)].mean() if len(r.get('sync', ())) else 0. for r in rs]
+    res['comm_ms'] = min(m-s for (_,m,_),s in zip(res['phases']['comm'], res['sync_ms']))
     res['comm_mbit'] = 8*rs[0]['comm']/(1e3*res['comm_ms']) if res['comm_ms']>0 and rs[0]['comm'] else None
     return res
 

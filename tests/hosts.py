@@ -36,11 +36,12 @@ def sent(self:Hosts, i:int): # which host
     return int(_sh('ip', 'netns', 'exec', n, 'cat', f'/sys/class/net/{v}/statistics/tx_bytes'))
 
 @patch
-def shape(self:Hosts, rate:str=None): # such as '100mbit' or '1gbit'; None: no limit
+def shape(self:Hosts, rate:str=None, # such as '100mbit' or '1gbit'; None: no limit
+          burst:str='64kb'): # the token bucket: bytes sent at once after a pause (a real link has none: keep it small)
     "Limit both ends of the link to `rate` with a token bucket"
     for n,v,_ in self.hosts:
         subprocess.run(['ip', 'netns', 'exec', n, 'tc', 'qdisc', 'del', 'dev', v, 'root'], capture_output=True)
-        if rate: _sh('ip', 'netns', 'exec', n, 'tc', 'qdisc', 'add', 'dev', v, 'root', 'tbf', 'rate', rate, 'burst', '64kb',
+        if rate: _sh('ip', 'netns', 'exec', n, 'tc', 'qdisc', 'add', 'dev', v, 'root', 'tbf', 'rate', rate, 'burst', burst,
                      'latency', '1s')
 
 @patch

@@ -136,3 +136,27 @@ def test_hosts_removed():
             raise KeyError('boom')
     except KeyError: pass
     assert not any(n in _sh('ip', 'netns', 'list') for n in names)
+
+def test_doctor_across_hosts(hosts, tmp_path):
+    ("`fastddp-doctor --bench --json` started by the launcher on both hosts measures the link between them (rank 0 prints it, "
+     "rank 1 nothing), and a forecast takes the saved file as its link")
+    import json, shutil
+    from fastai.basics import Learner, DataLoaders, DataLoader, nn, MSELossFlat
+    from fastddp.timecost import TimeCost
+    import fastddp.forecast
+    doc = shutil.which('fastddp-doctor', path=str(Path(sys.executable).parent))
+    ps = hosts.launch(doc, ['--bench', '--json', '--max-size', '1M'])
+    outs = [p.communicate(timeout=300)[0] for p in ps]
+    o = outs[0]
+    r = json.JSONDecoder().raw_decode(o[o.index('{'):])[0]
+    assert '"bench"' not in outs[1], outs[1][-2000:]
+    b = r['bench']
+    assert (b['nproc'], b['nodes'], [x['size'] for x in b['rows']][-1]) == (2, 2, 2**20), b
+    (tmp_path/'link.json').write_text(json.dumps(r))
+    x = torch.randn(64, 8); ds = list(zip(x, x[:, :1]))
+    learn = Learner(DataLoaders(DataLoader(ds, bs=16), DataLoader(ds[:16], bs=16), device='cpu'), nn.Linear(8, 1), loss_func=MSELossFlat())
+    learn.add_cb(TimeCost(show=False, skip=0))
+    learn.fit(1)
+    f = learn.time_cost.forecast(1, hosts=2, link=tmp_path/'link.json')
+    assert 'across 2 hosts' in f['assumptions']['link'], f['assumptions']
+    assert f['ms']['comm'] > 0 and f['world'] == 2
