@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/forecast.html.md"""
 
 # %% auto #0
 __all__ = ['links', 'tcp_share', 'what_if_keys', 'parse_link', 'buckets', 'slowest', 'ring_s', 'exposed_s', 'measured',
-           'grad_bytes', 'predict', 'bench_link', 'run_link', 'parse_targets']
+           'grad_bytes', 'predict', 'bench_link', 'run_link', 'probe_rank', 'ddp_costs', 'parse_targets']
 
 # %% ../nbs/05c_forecast.ipynb #b777df7f
 import os, re, json, math, numpy as np
@@ -167,7 +167,10 @@ def predict(m:dict, # `measured(tc)`
     ts = 1. if m['cuda'] else m['threads']/thr
     # DDP broadcasts the buffers from rank 0 before every forward (`broadcast_buffers`, on by default): a tree of ceil(log2 N)
     # hops; `TimeCost` counts the run's own broadcast as communication, so its forward is compute alone
-    bc = lambda n: 0. if n<2 or not m.get('buffers') or lk is None else 1e3*math.ceil(math.log2(n))*(lk['lat']+m['buffers']/lk['bw'])
+    dc = m.get('ddp') or dict(plain=0., buffers=0., bcast=0.) # DDP's own costs on a CPU, measured (`ddp_costs`)
+    fx = dc['buffers' if m.get('buffers') else 'plain']
+    bc = lambda n: (0. if n<2 or not m.get('buffers') or lk is None
+                    else math.ceil(math.log2(n))*max(1e3*(lk['lat']+m['buffers']/lk['bw']), dc['bcast']))
     fwd,bwd,opt = ph['forward']*b/b0*ts,ph['backward']*b/b0*ts,ph['step']*k0*ts
     fixed = ph['callbacks']+ph['other']
     A['compute'] = ("forward and backward per sample as measured (time linear in the batch)"
@@ -202,7 +205,10 @@ def predict(m:dict, # `measured(tc)`
             if hook: A['compression'] = f"comm_hook={hook!r} sends {r:.0%} of the bytes; casting not counted"
         if bc(W): A['buffers'] = (f"DDP broadcasts {m['buffers']/2**10:.1f} KiB of buffers before each forward: {bc(W):.2f} ms, "
                                   f"{math.ceil(math.log2(W))} hop{'s'*(W>2)} of a tree")
-        comm += bc(W)
+        comm += bc(W)+fx
+        if fx: A['ddp'] = (f"DDP's own cost per step beyond its collectives' latency, {fx:.2f} ms"
+                           +(f", and its broadcast at least {dc['bcast']:.2f} ms a hop" if m.get('buffers') else '')
+                           +": measured on two ranks here (`probe_rank`)")
     # the slowest rank: as much slower as in the measured run
     # the slowest rank: as much slower as in the measured run (its imbalance), and at every step the slowest of W draws of the
     # measured steps, tails and all (a synchronised step waits for its slowest rank: `slowest`)
@@ -252,6 +258,44 @@ def run_link(m:dict):
     return dict(bw=2*(n-1)/n*m['sent']/s, lat=0., own=True,
                 source=f"measured in this run ({n} ranks, {m['sent']/2**20:.1f} MiB a step; backward hid none of it, latency included)")
 
+# %% ../nbs/05c_forecast.ipynb #1697e9be
+def probe_rank(pairs:int=150): # steps of each model, with and without DDP
+    "In each of two ranks: DDP's cost per step on a tiny model (ms, paired medians), with and without buffers; rank 0 reports"
+    import time, statistics, torch, torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from fastddp.testing import report
+    init_distrib()
+    torch.set_num_threads(1)
+    a,x,res = torch.randn(128, 128),torch.randn(32, 64),{}
+    def compute(): # a millisecond of work before each step: ranks reach DDP's collectives as a training step does
+        t = time.perf_counter()
+        while time.perf_counter()-t<1e-3: a@a
+    for bn in (False, True):
+        torch.manual_seed(0)
+        mk = lambda: nn.Sequential(nn.Linear(64, 64), *[nn.BatchNorm1d(64)]*bn, nn.ReLU(), nn.Linear(64, 1))
+        plain,ddp,t,over,pre = mk(),DDP(mk()),{},[],[]
+        h = ddp.module.register_forward_pre_hook(lambda *_: t.__setitem__('fwd', time.perf_counter())) # as `TimeCost` marks it
+        for _ in range(pairs):
+            ts = []
+            for m in (plain, ddp):
+                compute()
+                t0 = time.perf_counter()
+                m(x).pow(2).mean().backward()
+                ts.append(time.perf_counter()-t0)
+            over.append(ts[1]-ts[0]); pre.append(t['fwd']-t0)
+        h.remove()
+        k = pairs//8 # the first steps build DDP's buckets
+        res['buffers' if bn else 'plain'] = dict(over=1e3*statistics.median(over[k:]), pre=1e3*statistics.median(pre[k:]))
+    report(**res)
+    dist.destroy_process_group()
+
+def ddp_costs(r:dict, # `probe_rank`'s report
+              lk:dict): # the link here it ran over (`bench_link`)
+    "ms a synchronised step of DDP takes beyond its all-reduce's latency and its broadcast of buffers (`bcast`): without buffers, with"
+    b = r['buffers']
+    return dict(plain=max(0., r['plain']['over']-1e3*2*lk['lat']), buffers=max(0., b['over']-1e3*2*lk['lat']-b['pre']), bcast=b['pre'])
+
 # %% ../nbs/05c_forecast.ipynb #0ea92aa0
 @patch
 def _bench(self:TimeCost, m):
@@ -262,6 +306,16 @@ def _bench(self:TimeCost, m):
         if m['cuda'] and torch.cuda.device_count()<2: return None
         self.bench = run_bench(2, max(2**10, int(sum(es*math.prod(sh) for sh,es in m['grads']) or m['sent'] or 2**20)))
     return self.bench
+
+@patch
+def _ddp(self:TimeCost, m):
+    "`ddp_costs` on two ranks here, measured once (CPU runs: on a GPU NCCL's kernels wait, not the host)"
+    if m['cuda']: return None
+    if getattr(self, 'probe', None) is None:
+        from fastddp.testing import run_ranks
+        r = run_ranks("from fastddp.forecast import probe_rank; probe_rank()", n=2, timeout=600)[0]
+        self.probe = ddp_costs(r, bench_link(self._bench(m)))
+    return self.probe
 
 @patch
 def _link(self:TimeCost, m, ranks, hosts, link, latency):
@@ -298,7 +352,9 @@ def forecast(self:TimeCost,
              **what_ifs): # accum, comm_hook ('fp16', 'bf16', 'powersgd', None), bs, workers, threads, bucket_cap_mb, powersgd_start, steps
     "Samples/s, ms per step, speed-up and scaling efficiency at `ranks`×`hosts`, forecast from what this run measured"
     m = measured(self)
-    res = predict(m, ranks, hosts, self._link(m, ranks, hosts, link, latency), scaling, **what_ifs)
+    lk = self._link(m, ranks, hosts, link, latency)
+    if lk and not lk.get('own'): m['ddp'] = self._ddp(m) # over the run's own link, its all-reduce holds DDP's costs
+    res = predict(m, ranks, hosts, lk, scaling, **what_ifs)
     res['link'] = link
     if res['samples_s'] is None: return res
     # the one-process speed: as measured where it was, else forecast by the same model

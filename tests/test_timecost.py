@@ -1,5 +1,6 @@
 ("Time cost under real 3-rank DDP on CPU: known delays land in their phase on every rank, steps add up to the "
- "loop's wall time, the straggler and a data-bound loader are named, the plot is a PNG")
+ "loop's wall time, the straggler and a data-bound loader are named, the wait in DDP's broadcast of buffers is communication, "
+ "the plot is a PNG")
 import struct
 from fastddp.testing import run_ranks
 
@@ -27,15 +28,19 @@ def slow_sgd(*a, **k): # 40 ms inside the optimizer step
 class Lag(Callback): # rank 2 spends 30 ms more per step
     def after_pred(self):
         if rank()==2: time.sleep(0.03)
-def mk(s=0., opt_func=SGD):
+class Late(Callback): # rank 2 starts each step 30 ms late: the others wait in DDP's broadcast of buffers before forward
+    def before_batch(self):
+        if rank()==2: time.sleep(0.03)
+def mk(s=0., opt_func=SGD, bn=False):
     torch.manual_seed(0)
     x = torch.randn(240, 64); ds = list(zip(x, x.sum(1, keepdim=True)))
     dls = DataLoaders(DataLoader(Slow(ds, s), bs=8, shuffle=True, num_workers=0), DataLoader(ds[:24], bs=8, num_workers=0), device='cpu')
-    return Learner(dls, nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)),
+    body = [nn.Linear(64, 256), *[nn.BatchNorm1d(256)]*bn, nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)]
+    return Learner(dls, nn.Sequential(*body),
                    loss_func=MSELossFlat(), lr=1e-3, opt_func=opt_func)
 out = {}
-def run(nm, s=0., cbs=(), opt_func=SGD, **kw):
-    l = mk(s, opt_func).add_time_cost(**kw)
+def run(nm, s=0., cbs=(), opt_func=SGD, bn=False, **kw):
+    l = mk(s, opt_func, bn).add_time_cost(**kw)
     w = Wall()
     with l.distrib_ctx(): l.fit(1, cbs=[w, *cbs])
     tc = l.time_cost
@@ -45,6 +50,7 @@ run('plain', fname=sys.argv[1])
 run('known', cbs=[Nap()], opt_func=slow_sgd, show=False)
 run('lag', cbs=[Lag()], show=False)
 run('slow', s=0.003, show=False)
+run('late', cbs=[Late()], bn=True, show=False)
 report(**out)
 '''
 
@@ -53,7 +59,7 @@ def test_time_cost_3_ranks(tmp_path):
     rs = run_ranks(TC, n=3, args=[png], timeout=600)
     for r in rs:
         # every rank's steps add up to its own training loop's wall time, measured apart from `TimeCost`
-        for k in ('plain','known','lag','slow'): assert abs(r[k]['mine']/r[k]['wall']-1) < 0.1, (k, r[k]['mine'], r[k]['wall'])
+        for k in ('plain','known','lag','slow','late'): assert abs(r[k]['mine']/r[k]['wall']-1) < 0.1, (k, r[k]['mine'], r[k]['wall'])
     ph = lambda k,p,i: rs[0][k]['st']['phases'][p][i][1] # median ms per step of phase p on rank i, as rank 0 reports it
     for i in range(3):
         # known delays land in their phase on every rank: 20 ms in a callback, 40 ms in the optimizer step, 8 items x 3 ms in the loader.
@@ -76,6 +82,11 @@ def test_time_cost_3_ranks(tmp_path):
     assert st['straggler']==2 and st['imbalance']>0.5, st['busy_ms']
     assert st['phases']['comm'][0][0] > 20 and st['phases']['comm'][2][0] < st['phases']['comm'][0][0]/2
     assert 'rank 2 is the straggler' in rs[0]['lag']['rep']
+    # a model with buffers (BatchNorm): DDP broadcasts them before each forward, where the ranks that came early wait for the late
+    # one. `TimeCost` counts that as communication, not forward
+    st = rs[0]['late']['st']
+    for i in (0, 1): assert st['sync_ms'][i]>20 and ph('late','forward',i)<ph('plain','forward',i)+5, (i, st['sync_ms'], st['phases'])
+    assert st['sync_ms'][2]<10 and st['straggler']==2, st['sync_ms']
     # a slow loader: the data wait leads the recommendations
     st = rs[0]['slow']['st']
     assert st['share']['data']>0.3 and '- data: waiting for data' in rs[0]['slow']['rep']
