@@ -177,6 +177,10 @@ def predict(m:dict, # `measured(tc)`
                     +(f", spread over {thr} threads instead of {m['threads']} (linear)" if ts!=1 else '')
                     +("; the same GPU on every rank" if m['cuda'] else "; the same CPU cores on every host"))
     A['fixed'] = f"callbacks and the rest of a step {fixed:.2f} ms, optimizer step {opt:.2f} ms, as measured"
+    if not m['cuda'] and ranks*thr>m['local_ws']*m['threads'] and ranks*thr>=m['cpus']: # more of the cores busy than in the run
+        A['contention'] = (f"not modelled: {ranks} rank{'s'*(ranks>1)} filling this machine's {m['cpus']} cores run slower together "
+                           "than the run measured (shared caches and memory, DDP's and the network's threads): expect fewer samples/s, "
+                           "most where steps are short")
     # communication: the buckets' ring all-reduces, overlapped with the rest of backward
     hook = w['comm_hook'] if 'comm_hook' in w else m['hook']
     comm = 0.
@@ -203,9 +207,10 @@ def predict(m:dict, # `measured(tc)`
         else:
             comm = ex(r, 1)
             if hook: A['compression'] = f"comm_hook={hook!r} sends {r:.0%} of the bytes; casting not counted"
+        # before every forward, accumulating ones too (`no_sync` stops the all-reduce, not the broadcast)
         if bc(W): A['buffers'] = (f"DDP broadcasts {m['buffers']/2**10:.1f} KiB of buffers before each forward: {bc(W):.2f} ms, "
-                                  f"{math.ceil(math.log2(W))} hop{'s'*(W>2)} of a tree")
-        comm += bc(W)+fx
+                                  f"{math.ceil(math.log2(W))} hop{'s'*(W>2)} of a tree" + (f", {k} a synchronised step" if k>1 else ''))
+        comm += k*bc(W)+fx
         if fx: A['ddp'] = (f"DDP's own cost per step beyond its collectives' latency, {fx:.2f} ms"
                            +(f", and its broadcast at least {dc['bcast']:.2f} ms a hop" if m.get('buffers') else '')
                            +": measured on two ranks here (`probe_rank`)")
