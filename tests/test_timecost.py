@@ -87,7 +87,8 @@ def test_time_cost_3_ranks(tmp_path):
     # communication, not forward
     st = rs[0]['late']['st']
     for i in (0, 1):
-        assert ph('late','forward',i)<ph('plain','forward',i)+5 and ph('late','comm',i)>ph('plain','comm',i)+20, (i, st['phases'])
+        # 30 ms late: well above a loaded machine's noise (a few ms) whichever phase it lands in
+        assert ph('late','forward',i)<ph('plain','forward',i)+15 and ph('late','comm',i)>ph('plain','comm',i)+15, (i, st['phases'])
     assert st['sync_ms'][0]>20 and st['sync_ms'][2]<10 and st['straggler']==2, st['sync_ms']
     # a slow loader: the data wait leads the recommendations
     st = rs[0]['slow']['st']
