@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/allreduce.html.md"""
 
 # %% auto #0
 __all__ = ['parse_size', 'fmt_size', 'sweep', 'bus_bw', 'copy_bw', 'bench_times', 'bench_rank', 'model_bytes', 'compute_peak',
-           'bench_result', 'run_bench', 'bench_launched']
+           'bench_sizes', 'bench_result', 'run_bench', 'bench_launched']
 
 # %% ../nbs/05b_allreduce.ipynb #049881b2
 import os, re, time
@@ -109,6 +109,10 @@ def compute_peak():
                 **{dt:cpu_peak(dt) for dt in ('float32','bfloat16','float16') if dt=='float32' or cpu_half(dt)})
 
 # %% ../nbs/05b_allreduce.ipynb #239747e2
+def bench_sizes(max_size:int, model:str=None):
+    "The sweep's message sizes, and the bytes of `model`'s gradients last"
+    return sweep(max_size)+([model_bytes(model)] if model else [])
+
 def bench_result(sizes:list, # the message sizes swept, the model's last where `model`
                  r:dict, # `bench_times`'s result
                  model:str=None): # the torchvision model whose gradients were all-reduced once too
@@ -127,7 +131,7 @@ def run_bench(nproc:int=2, # ranks
               max_size:int=2**28, # the largest message, bytes
               model:str=None): # a torchvision model whose gradients are all-reduced once too
     "Sweep `all_reduce` on `nproc` ranks started by fastddp's launcher on this machine; add the compute peak"
-    sizes = sweep(max_size)+([model_bytes(model)] if model else [])
+    sizes = bench_sizes(max_size, model)
     r = run_ranks(f"from fastddp.allreduce import bench_rank; bench_rank({sizes!r})", n=nproc, timeout=600)[0]
     return bench_result(sizes, r, model)
 
@@ -136,7 +140,7 @@ def bench_launched(max_size:int=2**28, # the largest message, bytes
                    model:str=None): # a torchvision model whose gradients are all-reduced once too
     "In every rank a launcher started (across hosts too): the sweep over them all; `run_bench`'s result on rank 0, None on the others"
     import torch.distributed as dist
-    sizes = sweep(max_size)+([model_bytes(model)] if model else [])
+    sizes = bench_sizes(max_size, model)
     init_distrib()
     try: r = bench_times(sizes)
     finally: dist.destroy_process_group()

@@ -328,13 +328,14 @@ def doctor(json:bool=False, # print the report as JSON
     try: ms = parse_size(max_size)
     except ValueError as e: print(f"fastddp-doctor: --max-size {e}", file=sys.stderr); return 2
     r = checkup(nproc, workers, peer)
+    launched = 'LOCAL_RANK' in os.environ # a launcher started the doctor: its ranks are the benchmark's
     if bench:
         if model and not _is_model(model):
             r['checks'].append(chk('bench', f"--model {model}: not a torchvision model", False,
                                    "give a torchvision model name, such as resnet34 (torchvision.models.list_models())"))
         else:
             # started by a launcher (on several hosts, say): sweep over its ranks, rank 0 reports; else start `nproc` ranks here
-            try: r['bench'] = bench_launched(ms, model) if 'LOCAL_RANK' in os.environ else run_bench(r['env']['nproc'], ms, model)
+            try: r['bench'] = bench_launched(ms, model) if launched else run_bench(r['env']['nproc'], ms, model)
             except RanksFailed as e: # the ranks' own error: their output says what it was
                 print(e.ranks.out[-3000:], file=sys.stderr)
                 r['checks'].append(chk('bench', f"the ranks failed (exit code {e.ranks.rc})", False,
@@ -343,7 +344,7 @@ def doctor(json:bool=False, # print the report as JSON
                 r['checks'].append(chk('bench', f"the ranks did not finish in {e.timeout:.0f} s", False,
                                        "a rank hangs: run fastddp-doctor without --bench, and check the network between the ranks"))
         r['status'] = status(r['checks'])
-        if 'LOCAL_RANK' in os.environ and rank()!=0: return int(r['status']=='fail') # rank 0 says it for all
+        if launched and rank()!=0: return int(r['status']=='fail') # rank 0 says it for all
     print(dumps(r, indent=1) if json else render(r), flush=True)
     return int(r['status']=='fail')
 
