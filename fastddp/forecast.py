@@ -264,15 +264,18 @@ def run_link(m:dict):
                 source=f"measured in this run ({n} ranks, {m['sent']/2**20:.1f} MiB a step; backward hid none of it, latency included)")
 
 # %% ../nbs/05c_forecast.ipynb #1697e9be
-def probe_rank(pairs:int=150): # steps of each model, with and without DDP
+def probe_rank(pairs:int=150, # steps of each model, with and without DDP
+               sizes:list=None): # message sizes of an all-reduce sweep to run first (`bench_times`): one launch for both
     "In each of two ranks: DDP's cost per step on a tiny model (ms, paired medians), with and without buffers; rank 0 reports"
     import time, statistics, torch, torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
     from fastddp.testing import report
+    from fastddp.allreduce import bench_times
     init_distrib()
+    res = dict(bench=bench_times(sizes) if sizes else None)
     torch.set_num_threads(1)
-    a,x,res = torch.randn(128, 128),torch.randn(32, 64),{}
+    a,x = torch.randn(128, 128),torch.randn(32, 64)
     def compute(): # a millisecond of work before each step: ranks reach DDP's collectives as a training step does
         t = time.perf_counter()
         while time.perf_counter()-t<1e-3: a@a
@@ -302,24 +305,34 @@ def ddp_costs(r:dict, # `probe_rank`'s report
     return dict(plain=max(0., r['plain']['over']-1e3*2*lk['lat']), buffers=max(0., b['over']-1e3*2*lk['lat']-b['pre']), bcast=b['pre'])
 
 # %% ../nbs/05c_forecast.ipynb #0ea92aa0
+def _grad_bytes(m): return max(2**10, int(sum(es*math.prod(sh) for sh,es in m['grads']) or m['sent'] or 2**20))
+
 @patch
 def _bench(self:TimeCost, m):
     "The doctor's all-reduce benchmark on two ranks here, run once; None on a GPU run with one GPU"
     if getattr(self, 'bench', None) is None:
-        from fastddp.allreduce import run_bench
         import torch
-        if m['cuda'] and torch.cuda.device_count()<2: return None
-        self.bench = run_bench(2, max(2**10, int(sum(es*math.prod(sh) for sh,es in m['grads']) or m['sent'] or 2**20)))
+        from fastddp.allreduce import run_bench
+        if not m['cuda']: self._measure(m) # with DDP's costs, in the same launch
+        elif torch.cuda.device_count()<2: return None
+        else: self.bench = run_bench(2, _grad_bytes(m))
     return self.bench
+
+@patch
+def _measure(self:TimeCost, m):
+    "On a CPU, in one launch of two ranks here (starting them takes longer than measuring): the all-reduce sweep, then `probe_rank`"
+    from fastddp.allreduce import bench_sizes, bench_result
+    from fastddp.testing import run_ranks
+    sizes = bench_sizes(_grad_bytes(m)) if getattr(self, 'bench', None) is None else None
+    r = run_ranks(f"from fastddp.forecast import probe_rank; probe_rank(sizes={sizes!r})", n=2, timeout=600)[0]
+    if sizes: self.bench = bench_result(sizes, r['bench'])
+    self.probe = ddp_costs(r, bench_link(self.bench))
 
 @patch
 def _ddp(self:TimeCost, m):
     "`ddp_costs` on two ranks here, measured once (CPU runs: on a GPU NCCL's kernels wait, not the host)"
     if m['cuda']: return None
-    if getattr(self, 'probe', None) is None:
-        from fastddp.testing import run_ranks
-        r = run_ranks("from fastddp.forecast import probe_rank; probe_rank()", n=2, timeout=600)[0]
-        self.probe = ddp_costs(r, bench_link(self._bench(m)))
+    if getattr(self, 'probe', None) is None: self._measure(m)
     return self.probe
 
 @patch

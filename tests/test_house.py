@@ -4,7 +4,7 @@ import pytest
 from fastddp.testing import run_ranks
 
 FIT = r'''
-import sys, json, torch, warnings
+import sys, json, hashlib, torch, warnings
 warnings.filterwarnings('ignore')
 if sys.argv[1]=='fastddp': import fastddp
 from fastai.tabular.all import *
@@ -35,7 +35,9 @@ for nm,mk in (('tab',tab),('vis',vis)):
         lr = learn.lr_find(show_plot=False, num_it=5)
         learn.fit(1, 1e-3); vals += learn.recorder.values
         preds,targs = learn.get_preds()
-    out[nm] = dict(w=[p.detach().flatten().tolist() for p in learn.model.parameters()], vals=[list(map(float, v)) for v in vals],
+    # the weights' bytes hashed: bit-identical or not, without printing resnet18's 11M floats as JSON
+    w = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
+    out[nm] = dict(w=w, vals=[list(map(float, v)) for v in vals],
                    preds=preds.flatten().tolist(), lr=float(lr.valley))
 print(json.dumps(out))
 '''

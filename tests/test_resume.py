@@ -6,6 +6,7 @@ from pathlib import Path
 from fastddp.testing import run_ranks
 from fastddp.preempt import PREEMPTED
 from conftest import ROOT, wait_gone
+from test_scripts import check_run
 
 # The real script, run with two test callbacks added to the ones it asks `fastddp.script.train_cbs` for: `Sig` stops the first run
 # (AT='F.E.I': after training step I of epoch E of fit F, rank 0 sends SIG to the launcher; KILL='F.E': once the checkpoint at the
@@ -89,7 +90,8 @@ def test_pets(tmp_path, marker):
      "to `python -m fastai.launch` mid-epoch in the second fit; the same command skips the first fit, resumes, and ends bit-equal")
     args = ['--synthetic', '148', '--size', '32', '--bs', '6', '--arch', 'resnet18', '--no-pretrained', '--workers', '1', '--accum', '2',
             marker] # 10 steps an epoch: 5 optimizer steps
-    ref = _run(tmp_path/'ref', 'pets', args, launcher='fastai')
+    ref = _run(tmp_path/'ref', 'pets', args+['--out', tmp_path/'out'], launcher='fastai')
+    check_run('pets', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under fastai.launch
     rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.1', SIG='SIGUSR1'), check=False)
     assert _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')%2==0 # at an optimizer step
     again = _run(tmp_path/'a', 'pets', args, launcher='fastai')
@@ -101,7 +103,8 @@ def test_imdb(tmp_path, marker):
     ("imdb_ddp.py (IMDB sample, generated: fastai's SortedDL shuffles with np.random; AWD-LSTM's dropouts): SIGTERM to torchrun "
      "mid-epoch in the first (frozen) fit; the same command resumes there and ends bit-equal")
     args = ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained', marker]
-    ref = _run(tmp_path/'ref', 'imdb', args, launcher='torchrun')
+    ref = _run(tmp_path/'ref', 'imdb', args+['--out', tmp_path/'out'], launcher='torchrun')
+    check_run('imdb', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under torchrun
     rs = _run(tmp_path/'a', 'imdb', args, launcher='torchrun', env=dict(AT='0.0.1', SIG='SIGTERM'), check=False)
     _stopped(rs, None, tmp_path/'a'/'imdb', '0.0')
     again = _run(tmp_path/'a', 'imdb', args, launcher='torchrun')

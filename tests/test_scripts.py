@@ -27,25 +27,30 @@ if sys.argv[2]=='tabular':
 else: print(json.dumps(None))
 '''
 
+def check_run(name, n, rs, out, data):
+    "What a run of script `name` on `n` ranks wrote to `out` (--out) and printed; its exported model, evaluated in plain fastai"
+    m = json.loads((out/'metrics.json').read_text())
+    assert set(m)==KEYS and m['world_size']==n and m['task']==name and len(m['history'])>=1
+    assert m['wrapper']==(None if n==1 else 'DistributedDataParallel') # what the model trained in
+    assert set(m['metrics'])==set(m['history'][-1])-{'train_loss','valid_loss'}
+    assert rs.out.count(f"{name}: {n} process(es)")==1 # rank 0's summary, once
+    p = subprocess.run([sys.executable, '-c', EVAL, str(out/'export.pkl'), name, str(data/'adult_400'/'adult_sample')],
+                       capture_output=True, text=True, cwd=out)
+    assert p.returncode==0, p.stderr[-2000:]
+    ev = json.loads(p.stdout.strip().splitlines()[-1])
+    if ev is not None: # the run's own numbers = one process's evaluation of the exported model
+        assert abs(ev[0]-m['valid_loss'])<1e-5 and abs(ev[1]-m['metrics']['accuracy'])<1e-5, (ev, m)
+
 @pytest.mark.parametrize('name', [pytest.param(k, marks=pytest.mark.smoke) if k!='pets' else k for k in CASES]) # pets: test_script_shard
 def test_script(name, tmp_path):
     fn,args = CASES[name]
-    # each script alone and under a launcher at 2 ranks (the cheap tabular one under both: tests/test_launch covers every launcher)
-    ls = {'tabular': ['fastai', 'torchrun'], 'pets': ['fastai'], 'imdb': ['torchrun']}[name]
+    # each script alone, and the cheap tabular one under two launchers at 2 ranks (tests/test_launch covers every launcher); pets
+    # and imdb at 2 ranks: the uninterrupted runs of tests/test_resume.py check the same with `check_run`
+    ls = {'tabular': ['fastai', 'torchrun'], 'pets': [], 'imdb': []}[name]
     for launcher,n in [('python',1)]+[(o,2) for o in ls]:
         out = tmp_path/launcher
         rs = run_ranks(str(S/fn), n=n, launcher=launcher, args=args+['--out', out], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
-        m = json.loads((out/'metrics.json').read_text())
-        assert set(m)==KEYS and m['world_size']==n and m['task']==name and len(m['history'])>=1
-        assert m['wrapper']==(None if n==1 else 'DistributedDataParallel') # what the model trained in
-        assert set(m['metrics'])==set(m['history'][-1])-{'train_loss','valid_loss'}
-        assert rs.out.count(f"{name}: {n} process(es)")==1 # rank 0's summary, once
-        p = subprocess.run([sys.executable, '-c', EVAL, str(out/'export.pkl'), name, str(tmp_path/'data'/'adult_400'/'adult_sample')],
-                           capture_output=True, text=True, cwd=tmp_path)
-        assert p.returncode==0, p.stderr[-2000:]
-        ev = json.loads(p.stdout.strip().splitlines()[-1])
-        if ev is not None: # the run's own numbers = one process's evaluation of the exported model
-            assert abs(ev[0]-m['valid_loss'])<1e-5 and abs(ev[1]-m['metrics']['accuracy'])<1e-5, (ev, m)
+        check_run(name, n, rs, out, tmp_path/'data')
 
 def test_bad_input(tmp_path):
     "Offline with no --data, or --data in the wrong layout: one message, exit code 2"

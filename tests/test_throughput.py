@@ -1,5 +1,5 @@
 "Throughput (nbs/05a_throughput.ipynb): FLOPs per sample against an analytic count, and MFU of a matmul-bound run against the measured peak"
-import pytest, torch
+import time, pytest, torch
 from torch import nn
 from fastai.basics import DataLoaders, DataLoader, Learner, MSELossFlat, SGD, find_bs
 from fastai.tabular.model import TabularModel
@@ -39,9 +39,20 @@ def test_mfu(tmp_path, monkeypatch, request):
     model = nn.Sequential(*[o for _ in range(4) for o in (nn.Linear(d,d), nn.ReLU())], nn.Linear(d,1))
     learn = Learner(dls, model, loss_func=MSELossFlat(), opt_func=SGD, cbs=Throughput())
     peak = cpu_peak()
-    learn.fit(2, 1e-4)
-    s = max((o['total'] for o in learn.throughput.stats), key=lambda o: o['mfu']) # the epoch least disturbed by other processes
+    fl = analytic(model, (x[:bs],))
+    def by_hand():
+        "FLOP/s of a hand-written loop over the same batches: the rate Throughput must report"
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        t = time.perf_counter()
+        for xb,yb in dls.train:
+            nn.functional.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
+        return fl*len(x)/(time.perf_counter()-t)
+    hand = []
+    for _ in range(3): # interleaved, the best of each: the runs least disturbed by other processes
+        learn.fit(1, 1e-4); hand.append(by_hand())
+    s = max((o['total'] for o in learn.throughput.stats), key=lambda o: o['mfu'])
     assert s['mfu']==pytest.approx(s['flops_s']/peak) # against the cached probe
-    # other processes share this machine's cores: the probe again after the fit, and the best of both is the peak
+    assert 0.7<=s['flops_s']/max(hand)<=1.4, ([o['total']['flops_s'] for o in learn.throughput.stats], hand)
+    # the peak bounds what training reaches; how close it comes depends on the CPU (0.47 to 0.9 on 2-core EPYCs)
     pk = max(peak, matmul_flops())
-    assert 0.5<=s['flops_s']/pk<=1.05, ([o['total']['flops_s'] for o in learn.throughput.stats], peak, pk)
+    assert 0.2<=s['flops_s']/pk<=1.05, ([o['total']['flops_s'] for o in learn.throughput.stats], peak, pk)
