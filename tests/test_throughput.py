@@ -53,6 +53,6 @@ def test_mfu(tmp_path, monkeypatch, request):
     s = max((o['total'] for o in learn.throughput.stats), key=lambda o: o['mfu'])
     assert s['mfu']==pytest.approx(s['flops_s']/peak) # against the cached probe
     assert 0.7<=s['flops_s']/max(hand)<=1.4, ([o['total']['flops_s'] for o in learn.throughput.stats], hand)
-    # the peak bounds what training reaches; how close it comes depends on the CPU (0.47 to 0.9 on 2-core EPYCs)
+    # the peak bounds what training reaches; how close it comes depends on the CPU and the load (0.47 in a loaded CI run, 0.88 alone)
     pk = max(peak, matmul_flops())
     assert 0.2<=s['flops_s']/pk<=1.05, ([o['total']['flops_s'] for o in learn.throughput.stats], peak, pk)
