@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/bench.html.md"""
 __all__ = ['mode_runs', 'gpu_workloads', 'cpu_workloads', 'ddp_options', 'run_raw', 'run_fastai', 'run_plain', 'runs',
            'bench_worker', 'run_mode', 'model_flops', 'mfu', 'bench', 'ratios', 'step_costs', 'table', 'chart',
            'first_batch_s', 'launch_bench', 'launch_table', 'allreduce_table', 'machine', 'save_result', 'show_result',
-           'shape_flops', 'Paired', 'gpu_pair', 'gpu_bench', 'gpu_table', 'main']
+           'shape_flops', 'Paired', 'gpu_pair', 'gpu_data_wait', 'gpu_bench', 'gpu_table', 'main']
 
 # %% ../nbs/07_bench.ipynb #77b31c53
 import os, sys, time, json, shlex, platform, statistics, math, warnings
@@ -528,7 +528,8 @@ def shape_flops(model, xb):
     return 3*n[0]
 
 # %% ../nbs/07_bench.ipynb #174bcd22
-def _n_syncs(log): return sum('synchroniz' in str(w.message) for w in log) # CUDA's sync debug warnings among `log`'s
+# CUDA's sync debug warnings among `log`'s: one per synchronizing call (not the notice, once a process, that the mode is a prototype)
+def _n_syncs(log): return sum('called a synchronizing CUDA operation' in str(w.message) for w in log)
 
 class Paired(Callback):
     "Alternate timed blocks within a fit: `n` of this fit's training steps, then `n` of `hand`'s, the GPU drained at each end"
@@ -554,10 +555,18 @@ class Paired(Callback):
         self._start()
 
 # %% ../nbs/07_bench.ipynb #5dc61ff9
+def _gpu_learn(w, dev, ds, valid):
+    "fastddp's side of workload `w`: a `Learner` over fastai's loaders (workers at fastai's default unless `w` says), bf16 if `w` asks"
+    nw = w.get('workers')
+    dls = DataLoaders.from_dsets(ds, valid, bs=w['bs'], device=dev, **({} if nw is None else dict(num_workers=nw)))
+    learn = Learner(dls, _model(w['arch']), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01)
+    return learn.to_bf16() if w['bf16'] else learn
+
 def gpu_pair(w:dict, # a workload of `gpu_workloads`
              dev, # the torch device
              n:int=None, # steps per block; None: the workload's
-             blocks:int=5, warmup:int=10):
+             blocks:int=5, warmup:int=10,
+             ctx:dict=None): # `distrib_ctx`'s arguments on fastddp's side (`prefetch`, `compile`, ...)
     "fastddp's default path and `HandLoop` on workload `w`, in alternating blocks: each block's seconds and host syncs, and the FLOPs"
     from fastai.callback.fp16 import MixedPrecision # `to_bf16`
     from fastai.distributed import DistributedTrainer # `distrib_ctx`
@@ -567,9 +576,7 @@ def gpu_pair(w:dict, # a workload of `gpu_workloads`
     ds = InMemory(x, y, n=bs*(warmup+n*(blocks+1)))
     nw = w.get('workers') # None: fastai's default on fastddp's side (fastddp gives each rank its share), 8 at most by hand
     hand = HandLoop(_model(arch), ds, bs, dev, w['bf16'], workers=min(8, n_workers()) if nw is None else nw)
-    dls = DataLoaders.from_dsets(ds, InMemory(x[:bs], y[:bs]), bs=bs, device=dev, **({} if nw is None else dict(num_workers=nw)))
-    learn = Learner(dls, _model(arch), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01)
-    if w['bf16']: learn.to_bf16()
+    learn = _gpu_learn(w, dev, ds, InMemory(x[:bs], y[:bs]))
     xb,yb = x[:bs].to(dev),y[:bs].to(dev)
     fl = dict(throughput=train_flops(_model(arch).to(dev), [xb], lambda o,t: F.cross_entropy(o, t), [yb])/bs,
               shapes=shape_flops(_model(arch).to(dev), xb)/bs)
@@ -578,16 +585,27 @@ def gpu_pair(w:dict, # a workload of `gpu_workloads`
     with warnings.catch_warnings(record=True) as log:
         warnings.simplefilter('always')
         p.log = log
-        with learn.distrib_ctx(): learn.fit(1)
+        with learn.distrib_ctx(**(ctx or {})): learn.fit(1)
     learn.remove_cb(p)
     return dict(name=w['name'], bs=bs, steps=n, fastddp_s=p.a, hand_s=p.b, fastddp_syncs=p.sa, hand_syncs=p.sb, flops_per_sample=fl,
                 peak=device_peak('bfloat16' if w['bf16'] else 'float32', dev) if dev.type=='cuda' else None)
 
+def gpu_data_wait(w:dict, dev, n:int=40, warmup:int=10, ctx:dict=None):
+    "The share of fastddp's training step that `TimeCost` finds waiting for data (its copy included) on workload `w`, alone"
+    from fastddp.handloop import InMemory
+    x,y = _data(2*w['bs'], w['size'], w['arch'])
+    learn = _gpu_learn(w, dev, InMemory(x, y, n=w['bs']*(warmup+n)), InMemory(x[:w['bs']], y[:w['bs']]))
+    learn.add_cb(TimeCost(skip=warmup))
+    with learn.distrib_ctx(**(ctx or {})): learn.fit(1)
+    st = learn.cbs.filter(lambda o: isinstance(o, TimeCost))[0].stats()
+    return dict(data_share=float(st['share']['data']), step_ms=float(statistics.mean(st['step_ms'])))
+
 # %% ../nbs/07_bench.ipynb #b7dc0aae
 def gpu_bench(device:str='cuda', # 'cuda', or 'cpu' for the tiny workloads
               steps:int=None, blocks:int=5, warmup:int=10,
-              archs:list=None): # the workloads of these models only; None: all three
-    "`gpu_pair` on each workload, in this process as one rank (world size 1, as under `torchrun`)"
+              archs:list=None, # the workloads of these models only; None: all three
+              ctx:dict=None): # `distrib_ctx`'s arguments on fastddp's side
+    "`gpu_pair` on each workload, in this process as one rank (world size 1, as under `torchrun`), then `gpu_data_wait`"
     gpu = device=='cuda'
     for k,v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1').items():
         os.environ.setdefault(k, v)
@@ -597,10 +615,10 @@ def gpu_bench(device:str='cuda', # 'cuda', or 'cpu' for the tiny workloads
     own = not dist.is_initialized() # the hand-written loop's DDP needs a process group, as the user's script makes one
     if own: dist.init_process_group('nccl' if gpu else 'gloo', rank=0, world_size=1)
     ws = [w for w in (gpu_workloads if gpu else cpu_workloads) if archs is None or w['arch'] in archs]
-    try: rows = [gpu_pair(w, dev, steps, blocks, warmup) for w in ws]
+    try: rows = [dict(gpu_pair(w, dev, steps, blocks, warmup, ctx), **gpu_data_wait(w, dev, ctx=ctx)) for w in ws]
     finally:
         if own: dist.destroy_process_group()
-    return dict(rows=rows, device=str(dev), blocks=blocks, warmup=warmup)
+    return dict(rows=rows, device=str(dev), blocks=blocks, warmup=warmup, ctx=ctx or {})
 
 # %% ../nbs/07_bench.ipynb #07fa608a
 def _mfu(fl, bs, s, n, pk): return None if not fl or not pk else fl*bs*n/statistics.median(s)/pk
@@ -609,8 +627,8 @@ def gpu_table(r:dict): # `gpu_bench`'s result
     "Markdown: ms per step of each side, the paired ratios, host syncs per step, MFU"
     f = lambda v: '-' if v is None else f'{v:.3f}'
     ls = ["| workload | hand-written ms/step | fastddp ms/step | fastddp / hand-written, speed (median, range) | "
-          "host syncs per step: fastddp (hand-written) | MFU fastddp: Throughput's count / layer shapes | MFU hand-written |",
-          "|---|---|---|---|---|---|---|"]
+          "host syncs per step: fastddp (hand-written) | MFU fastddp: Throughput's count / layer shapes | MFU hand-written | "
+          "data wait, fastddp (TimeCost, share of the step) |", "|---|---|---|---|---|---|---|---|"]
     for o in r['rows']:
         n,a,b = o['steps'],o['fastddp_s'],o['hand_s']
         rs = [y/x for x,y in zip(a, b)]
@@ -620,7 +638,7 @@ def gpu_table(r:dict): # `gpu_bench`'s result
         ls.append(f"| {o['name']}, {n} steps × {len(a)} blocks | {statistics.median(b)/n*1e3:.2f} | {statistics.median(a)/n*1e3:.2f} | "
                   f"**{statistics.median(rs):.2f}** ({min(rs):.2f}-{max(rs):.2f}) | {sy} | "
                   f"{f(_mfu(fl['throughput'], o['bs'], a, n, pk))} / {f(_mfu(fl['shapes'], o['bs'], a, n, pk))} | "
-                  f"{f(_mfu(fl['shapes'], o['bs'], b, n, pk))} |")
+                  f"{f(_mfu(fl['shapes'], o['bs'], b, n, pk))} | {'-' if o.get('data_share') is None else f'{o["data_share"]:.1%}'} |")
     return '\n'.join(ls)+"\n\nThe hand-written loop: [`fastddp.handloop`](handloop.html)."
 
 # %% ../nbs/07_bench.ipynb #eb8d3484
@@ -634,8 +652,8 @@ def _what(model, size, bs, steps, warmup, reps, hooks=True):
 @call_parse
 def main(
          # workload: a torchvision model on images, 'mlp' (short steps), 'tabular' (Adult-shaped `TabularModel`) or 'awd_lstm'
-         # (AWD-LSTM text classifier)
-         model:str='resnet18',
+         # (AWD-LSTM text classifier), resnet18 when not given; with --device: issue 36's workloads of these models (e.g. mlp,resnet50)
+         model:str=None,
          size:int=None, # image size (64), or tokens per text for awd_lstm (72); unused for tabular
          bs:int=64, # global batch size
          steps:int=None, # timed steps per run (15); with --device, per block (None: the workload's own, 300, 60 and 30)
@@ -656,15 +674,19 @@ def main(
          grads:str=None, # with --allreduce: also one all-reduce of this torchvision model's gradients, e.g. resnet34
          # instead: fastddp against the hand-written loop of `fastddp.handloop` on issue 36's workloads, blocks alternating in
          # this process ('cuda'; 'cpu': tiny workloads, a check of the harness); --reps blocks
-         device:str=None):
+         device:str=None,
+         no_prefetch:bool=False, # with --device: `distrib_ctx(prefetch=False)` on fastddp's side (fastai's blocking copy)
+         compile:str=None): # with --device: `distrib_ctx(compile=dict(mode=...))` on fastddp's side, e.g. reduce-overhead (CUDA graphs)
     "Benchmark: samples/s of one process, DataParallel, DDP and a raw PyTorch loop, as paired ratios; what each run sent; phases; a chart"
     cmd = 'python -m fastddp.bench '+shlex.join(sys.argv[1:])
     if device is not None:
         if device not in ('cuda','cpu'): sys.exit(f"--device {device}: expected cuda or cpu")
         if device=='cuda' and not torch.cuda.is_available(): sys.exit("--device cuda: no CUDA GPU (torch.cuda.is_available() is False)")
-        r = gpu_bench(device, steps, reps, 10 if warmup is None else warmup)
+        ctx = dict(**({'prefetch': False} if no_prefetch else {}), **({'compile': dict(mode=compile)} if compile else {}))
+        r = gpu_bench(device, steps, reps, 10 if warmup is None else warmup, model.split(',') if model else None, ctx)
         card = torch.cuda.get_device_name() if device=='cuda' else 'CPU (tiny workloads: a check, not a figure)'
-        title,t,kind,data = (f"fastddp against a tuned hand-written loop on {card}: blocks alternating in one process, world size 1",
+        title,t,kind,data = (f"fastddp against a tuned hand-written loop on {card}: blocks alternating in one process, world size 1"
+                             +(f"; distrib_ctx({', '.join(f'{k}={v!r}' for k,v in ctx.items())})" if ctx else ''),
                              gpu_table(r),'gpu_bench',r)
     elif launch:
         res,_ = launch_bench(reps)
@@ -674,6 +696,7 @@ def main(
         r = run_bench(2, parse_size(max_size), grads)
         title,t,kind,data = "all-reduce bandwidth (fastddp-doctor --bench)",allreduce_table(r),'allreduce',dict(sweep=r)
     else:
+        model = model or 'resnet18'
         if size is None: size = 72 if model=='awd_lstm' else 64
         steps,warmup = steps or 15,3 if warmup is None else warmup
         wss = [int(o) for o in str(world_sizes).split(',')]

@@ -92,7 +92,7 @@ def __init__(self:DistributedTrainer,
         powersgd_start:int=1000, # steps of plain all-reduce before PowerSGD compresses
         comm_stats:bool=False, # count the all-reduces and bytes in `learn.comm_stats`
         step_loss:bool=False, # gather the smoothed training loss at every step, as fastai does, instead of once per epoch (`EpochLoss`)
-        prefetch:bool=False, # on a GPU: batches pinned, each copied on a side stream ahead of its step (`fastddp.prefetch`; not yet exact)
+        prefetch:bool=True, # on a GPU: batches pinned, each copied on a side stream ahead of its step (`fastddp.prefetch`); False: fastai's
         # shard parameters, gradients and optimizer state with FSDP2 (ZeRO-3); 'grads': keep the weights gathered from forward to backward
         # (ZeRO-2)
         shard:bool|str=False,
@@ -409,7 +409,7 @@ def to_distributed(self:Learner, **kwargs):
     self.detach_distributed() # a second call replaces the trainer (and its watchdog and tuner) with one of the new settings
     self.add_cb(DistributedTrainer(**kwargs))
     _cache_dispatch(self)
-    if kwargs.get('prefetch', False): self.add_cb(Prefetch()) # on a GPU: the next batch's copy beside this step (a no-op on CPU)
+    if kwargs.get('prefetch', True): self.add_cb(Prefetch()) # on a GPU: the next batch's copy beside this step (a no-op on CPU)
     if kwargs.get('tune'): self.add_cb(Tune())
     if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
     if world_size()>1: self.add_cb(Preempt()) # SIGTERM/SIGUSR1: every rank stops at one step (a `Checkpoint` saves there)

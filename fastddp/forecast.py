@@ -324,7 +324,9 @@ def _measure(self:TimeCost, m):
     from fastddp.allreduce import bench_sizes, bench_result
     from fastddp.testing import run_ranks
     sizes = bench_sizes(_grad_bytes(m)) if getattr(self, 'bench', None) is None else None
-    r = run_ranks(f"from fastddp.forecast import probe_rank; probe_rank(sizes={sizes!r})", n=2, timeout=600)[0]
+    # the fit ran on the CPU, so the probe's ranks do too: on a GPU machine the launcher would pick nccl, one GPU a rank
+    r = run_ranks(f"from fastddp.forecast import probe_rank; probe_rank(sizes={sizes!r})", n=2, timeout=600,
+                  env=dict(CUDA_VISIBLE_DEVICES=''))[0]
     if sizes: self.bench = bench_result(sizes, r['bench'])
     self.probe = ddp_costs(r, bench_link(self.bench))
 

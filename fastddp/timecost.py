@@ -289,8 +289,8 @@ def recommend(st, lim=None):
     if sh['data']>lim['data']:
         res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step "
                             f"(limit {lim['data']:.0%}): use more DataLoader workers ({_workers(st['workers'])}) or lighter item "
-                            "transforms; on a GPU, augmentation on the device (batch transforms), and try "
-                            "distrib_ctx(prefetch=True) (pinned batches copied on a side stream ahead of their step: fastai's own "
+                            "transforms; on a GPU, augmentation on the device (batch transforms), and keep distrib_ctx's prefetch on "
+                            "(its default: pinned batches copied on a side stream ahead of their step; with prefetch=False fastai's "
                             "loaders copy with non_blocking=False, which waits even from pinned memory)"))
     if sh['comm']>lim['comm']: res.append(('comm', _comm_advice(st, lim)))
     if st['imbalance']>lim['imbalance']:

@@ -46,7 +46,7 @@ def fit(prefetch, bf16=False):
         warnings.simplefilter('always')
         with learn.distrib_ctx(prefetch=prefetch): learn.fit(2, 0.01)
     s = learn.seen
-    syncs = [str(w.message) for w in ws if 'synchroniz' in str(w.message)]
+    syncs = [str(w.message) for w in ws if 'called a synchronizing CUDA operation' in str(w.message)] # not the prototype notice
     return dict(xs=[o.cpu() for o in s.xs], ps=[p.detach().cpu() for p in learn.model.parameters()], on=sorted(s.on),
                 syncs=len(syncs), first_syncs=syncs[:3], steps=len(s.xs), cbs_in=s.cbs_in,
                 cbs_after=[type(o).__name__ for o in learn.cbs if isinstance(o, Prefetch)])
