@@ -33,7 +33,7 @@ class Seen(Callback):
     def after_train(self):
         if self.in_steps: torch.cuda.set_sync_debug_mode(0); self.in_steps = False
 
-def fit(prefetch, bf16=False):
+def fit(prefetch, bf16=False): # prefetch None: distrib_ctx's default
     set_seed(0)
     x,y = torch.randn(n, 3, size, size),torch.randint(0, 10, (n,))
     ds = [(TensorImage(x[i]), TensorCategory(y[i])) for i in range(n)]
@@ -44,25 +44,25 @@ def fit(prefetch, bf16=False):
     if bf16: learn.to_bf16()
     with warnings.catch_warnings(record=True) as ws:
         warnings.simplefilter('always')
-        with learn.distrib_ctx(prefetch=prefetch): learn.fit(2, 0.01)
+        with learn.distrib_ctx(**({} if prefetch is None else dict(prefetch=prefetch))): learn.fit(2, 0.01)
     s = learn.seen
     syncs = [str(w.message) for w in ws if 'called a synchronizing CUDA operation' in str(w.message)] # not the prototype notice
     return dict(xs=[o.cpu() for o in s.xs], ps=[p.detach().cpu() for p in learn.model.parameters()], on=sorted(s.on),
                 syncs=len(syncs), first_syncs=syncs[:3], steps=len(s.xs), cbs_in=s.cbs_in,
                 cbs_after=[type(o).__name__ for o in learn.cbs if isinstance(o, Prefetch)])
 
-a,b = fit(True),fit(False)
+a,b = fit(None),fit(False) # the default prefetches
 res = dict(gpu=gpu, same_batches=len(a['xs'])==len(b['xs'])>0 and all(torch.equal(x, y) for x,y in zip(a['xs'], b['xs'])),
            # two identical fits on a GPU differ in the last bits (6e-8 on an H200: atomic adds in some backward kernels)
            same_weights=all(torch.allclose(p, q, atol=1e-5) if gpu else torch.equal(p, q) for p,q in zip(a['ps'], b['ps'])),
            on=(a['on'], b['on']), prefetch_cb=('Prefetch' in a['cbs_in'], 'Prefetch' in b['cbs_in']), after=a['cbs_after'],
            steps=a['steps'], syncs=(a['syncs'], b['syncs']), first_syncs=(a['first_syncs'], b['first_syncs']))
-if gpu: c = fit(True, bf16=True); res.update(bf16_syncs=c['syncs'], bf16_first=c['first_syncs'])
+if gpu: c = fit(None, bf16=True); res.update(bf16_syncs=c['syncs'], bf16_first=c['first_syncs'])
 report(**res)
 '''
 
 def test_cpu_noop():
-    "On CPU (gloo, 2 ranks) `Prefetch` is in the context and does nothing: the same batches and weights as `prefetch=False`, bit for bit"
+    "On CPU (gloo, 2 ranks) `Prefetch` is in the context by default and does nothing: the batches and weights of `prefetch=False`"
     rs = run_ranks(SCRIPT, n=2)
     for o in rs:
         assert not o['gpu'] and o['steps']==12
