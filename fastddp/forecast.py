@@ -9,12 +9,9 @@ __all__ = ['links', 'tcp_share', 'what_if_keys', 'parse_link', 'buckets', 'slowe
            'grad_bytes', 'predict', 'bench_link', 'run_link', 'probe_rank', 'ddp_costs', 'parse_targets']
 
 # %% ../nbs/05c_forecast.ipynb #b777df7f
-import os, re, json, math, time, numpy as np, torch
+import os, re, json, math, numpy as np
 from pathlib import Path
-from torch import nn
 from fastcore.basics import patch, ifnone
-from fastai.basics import Learner, DataLoaders, DataLoader, MSELossFlat, Callback, CancelValidException
-from fastai.callback.progress import ProgressCallback
 from .core import *
 from .internals import powersgd_compresses
 from .timecost import TimeCost, limits, phases, _kept
@@ -138,34 +135,15 @@ def _limit(ms):
     if tot<=0 or ms['compute']/tot>=.8: return 'compute'
     return max((k for k in ms if k!='compute'), key=ms.get)
 
-what_if_keys = ('accum','comm_hook','bs','workers','threads','bucket_cap_mb','powersgd_start','steps','cpus')
+what_if_keys = ('accum','comm_hook','bs','workers','threads','bucket_cap_mb','powersgd_start','steps')
 
 # %% ../nbs/05c_forecast.ipynb #8da53d41
-def _contention(m, dc, full, cpu, ranks, cpus, k, A):
-    "How much longer a step's CPU work `cpu` (ms) takes at the target: ranks that fill a host's cores slow each other; noted in `A`"
-    full0 = m['local_ws']*m['threads']>=m['cpus'] # the run's ranks filled its host's cores
-    if m['cuda'] or full==full0 or cpu<=0: return 1.
-    c = dc.get('contention')
-    if not c:
-        A['contention'] = (f"not modelled: {'ranks filling' if full else 'the run filled'} the host's cores (shared caches and "
-                           f"memory, DDP's and the network's threads): expect {'fewer' if full else 'more'} samples/s, most where "
-                           "steps are short")
-        return 1.
-    # a step's CPU work slows by the share a minimal fastai step slows, but by no more ms than it: the kernels of a long step
-    # (convolutions, large matrix products) barely slow, the per-step work of Python and small ops does
-    x = min(k*c['extra'], c['slow']*cpu) if full else -min(k*c['extra'], c['slow']/(1+c['slow'])*cpu)
-    who = f"{ranks} rank{'s'*(ranks>1)} filling" if full else "fewer ranks than the run's, which filled"
-    A['contention'] = (f"{x:+.2f} ms a step: {who} the host's {cpus} cores; a minimal fastai step took {c['alone']:.2f} ms alone "
-                       f"and {c['busy']:.2f} ms with every core busy here (`probe_rank`): a step's CPU work slows by that share, "
-                       "by no more ms")
-    return (cpu+x)/cpu
-
 def predict(m:dict, # `measured(tc)`
             ranks:int=1, # ranks per host
             hosts:int=1, # hosts
             lk:dict=None, # `parse_link` of the slowest link between the ranks (unused for one rank)
             scaling:str='weak', # 'weak': the same batch per rank; 'strong': the same global batch
-            **w): # what-ifs: accum, comm_hook, bs, workers, threads, bucket_cap_mb, powersgd_start, steps, cpus (each host's)
+            **w): # what-ifs: accum, comm_hook, bs, workers, threads, bucket_cap_mb, powersgd_start, steps
     "Forecast a step at `ranks`×`hosts` from the measured run `m`: ms per step, samples/s, and every input assumed"
     if scaling not in ('weak','strong'): raise DistribError(f"scaling={scaling!r}: expected 'weak' or 'strong'")
     bad = sorted(set(w)-set(what_if_keys))
@@ -178,12 +156,11 @@ def predict(m:dict, # `measured(tc)`
     else:
         b = max(1, round(b0*W0/W))
         if b0*W0%W: A['bs'] = f"global batch {b0*W0} over {W} ranks: {b} per rank, rounded"
-    cpus = w.get('cpus', m['cpus']) # each host's CPUs
     # a rank's threads: as measured, at most its share of the cores (fastddp's launcher sets OMP_NUM_THREADS=1)
-    thr = w.get('threads', min(m['threads'], max(1, cpus//ranks)))
+    thr = w.get('threads', min(m['threads'], max(1, m['cpus']//ranks)))
     res = dict(ranks=ranks, hosts=hosts, world=W, scaling=scaling, bs=b, global_bs=b*W*k, accum=k, assumptions=A, why=None)
-    if not m['cuda'] and ranks*thr>cpus:
-        why = (f"{ranks} ranks{f' × {thr} threads' if thr>1 else ''} on {cpus} CPUs: more than the cores would measure "
+    if not m['cuda'] and ranks*thr>m['cpus']:
+        why = (f"{ranks} ranks{f' × {thr} threads' if thr>1 else ''} on {m['cpus']} CPUs: more than the cores would measure "
                "contention, not scaling; no forecast")
         return {**res, **dict.fromkeys(('samples_s','step_ms','speedup','efficiency','limit','ms')), 'why': why}
     # compute: per sample as measured; on a CPU, spread over the threads a rank gets
@@ -200,6 +177,10 @@ def predict(m:dict, # `measured(tc)`
                     +(f", spread over {thr} threads instead of {m['threads']} (linear)" if ts!=1 else '')
                     +("; the same GPU on every rank" if m['cuda'] else "; the same CPU cores on every host"))
     A['fixed'] = f"callbacks and the rest of a step {fixed:.2f} ms, optimizer step {opt:.2f} ms, as measured"
+    if not m['cuda'] and ranks*thr>m['local_ws']*m['threads'] and ranks*thr>=m['cpus']: # more of the cores busy than in the run
+        A['contention'] = (f"not modelled: {ranks} rank{'s'*(ranks>1)} filling this machine's {m['cpus']} cores run slower together "
+                           "than the run measured (shared caches and memory, DDP's and the network's threads): expect fewer samples/s, "
+                           "most where steps are short")
     # communication: the buckets' ring all-reduces, overlapped with the rest of backward
     hook = w['comm_hook'] if 'comm_hook' in w else m['hook']
     comm = 0.
@@ -260,8 +241,7 @@ def predict(m:dict, # `measured(tc)`
         data = d0*b/b0
         A['data'] = (f"the wait measured with {w0} workers ({d0:.2f} ms per step), per sample, with {wk} ({how})"
                      +(': the cost of loading in the main process was not measured' if wk==0 else ''))
-    q = _contention(m, dc, ranks*thr>=cpus, k*(fwd+bwd+fixed+data)+opt, ranks, cpus, k, A)
-    ms = dict(compute=q*(k*(fwd+bwd)+opt), data=q*k*data, fixed=q*k*fixed, comm=comm, straggler=strag)
+    ms = dict(compute=k*(fwd+bwd)+opt, data=k*data, fixed=k*fixed, comm=comm, straggler=strag)
     sync = sum(ms.values())
     res.update(step_ms=float(sync/k), samples_s=float(1e3*W*b*k/sync), ms={o:float(v/k) for o,v in ms.items()}, limit=_limit(ms))
     return res
@@ -284,33 +264,9 @@ def run_link(m:dict):
                 source=f"measured in this run ({n} ranks, {m['sent']/2**20:.1f} MiB a step; backward hid none of it, latency included)")
 
 # %% ../nbs/05c_forecast.ipynb #1697e9be
-class _StepClock(Callback):
-    "The time at the end of each training step; no validation"
-    def before_fit(self): self.ts = []
-    def after_batch(self):
-        if self.training: self.ts.append(time.perf_counter())
-    def before_validate(self): raise CancelValidException()
-
-def _tiny_learner(n:int=200): # steps a fit
-    "A minimal fastai `Learner` (a 64-64-1 MLP, in-memory data, no progress bar), and its step clock"
-    from torch.utils.data import TensorDataset
-    torch.manual_seed(0)
-    x,y = torch.randn(32*n, 64),torch.randn(32*n, 1)
-    dls = DataLoaders(DataLoader(TensorDataset(x, y), bs=32, shuffle=True), DataLoader(TensorDataset(x[:32], y[:32]), bs=32), device='cpu')
-    clock = _StepClock()
-    learn = Learner(dls, nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)), loss_func=MSELossFlat(), cbs=clock)
-    learn.remove_cb(ProgressCallback)
-    return learn,clock
-
-def _step_ms(learn, clock):
-    "ms a training step of `learn` takes here: the median of one epoch's steps, the first eighth left out"
-    learn.fit(1, 1e-3)
-    d = np.diff(clock.ts)
-    return 1e3*float(np.median(d[len(d)//8:]))
-
 def probe_rank(pairs:int=150, # steps of each model, with and without DDP
                sizes:list=None): # message sizes of an all-reduce sweep to run first (`bench_times`): one launch for both
-    "In each of two ranks: DDP's cost per step on a tiny model (ms, paired medians), with and without buffers; contention; rank 0 reports"
+    "In each of two ranks: DDP's cost per step on a tiny model (ms, paired medians), with and without buffers; rank 0 reports"
     import time, statistics, torch, torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -339,26 +295,14 @@ def probe_rank(pairs:int=150, # steps of each model, with and without DDP
         h.remove()
         k = pairs//8 # the first steps build DDP's buckets
         res['buffers' if bn else 'plain'] = dict(over=1e3*statistics.median(over[k:]), pre=1e3*statistics.median(pre[k:]))
-    # contention: a minimal fastai step on rank 0, alone (the other rank waits in a barrier, asleep) and with every rank busy
-    learn,clock = _tiny_learner()
-    alone,busy = [],[]
-    for _ in range(3):
-        dist.barrier()
-        if rank()==0: alone.append(_step_ms(learn, clock))
-        dist.barrier()
-        busy.append(_step_ms(learn, clock))
-    res['contention'] = dict(alone=statistics.median(alone) if alone else None, busy=statistics.median(busy))
     report(**res)
     dist.destroy_process_group()
 
 def ddp_costs(r:dict, # `probe_rank`'s report
               lk:dict): # the link here it ran over (`bench_link`)
     "ms a synchronised step of DDP takes beyond its all-reduce's latency and its broadcast of buffers (`bcast`): without buffers, with"
-    b,c = r['buffers'],r.get('contention')
-    res = dict(plain=max(0., r['plain']['over']-1e3*2*lk['lat']), buffers=max(0., b['over']-1e3*2*lk['lat']-b['pre']), bcast=b['pre'])
-    # how much longer a minimal fastai step takes with every rank busy than alone: in ms, and as a share of the step
-    if c: res['contention'] = dict(extra=max(0., c['busy']-c['alone']), slow=max(0., c['busy']/c['alone']-1), **c)
-    return res
+    b = r['buffers']
+    return dict(plain=max(0., r['plain']['over']-1e3*2*lk['lat']), buffers=max(0., b['over']-1e3*2*lk['lat']-b['pre']), bcast=b['pre'])
 
 # %% ../nbs/05c_forecast.ipynb #0ea92aa0
 def _grad_bytes(m): return max(2**10, int(sum(es*math.prod(sh) for sh,es in m['grads']) or m['sent'] or 2**20))
@@ -425,15 +369,11 @@ def forecast(self:TimeCost,
              link=None, # bytes/s, a rate ('1Gbit'), a name in `links`, a `run_bench` result or the doctor's JSON file; None: measured
              scaling:str='weak', # 'weak': the same batch per rank; 'strong': the same global batch
              latency:float=None, # seconds per ring hop on `link` (None: the link's assumed latency)
-             # accum, comm_hook ('fp16', 'bf16', 'powersgd', None), bs, workers, threads, bucket_cap_mb, powersgd_start, steps, cpus
-             # (each host's)
-             **what_ifs):
+             **what_ifs): # accum, comm_hook ('fp16', 'bf16', 'powersgd', None), bs, workers, threads, bucket_cap_mb, powersgd_start, steps
     "Samples/s, ms per step, speed-up and scaling efficiency at `ranks`×`hosts`, forecast from what this run measured"
     m = measured(self)
     lk = self._link(m, ranks, hosts, link, latency)
-    # fewer ranks a host than the run's, whose ranks filled its cores: the probe measures what that contention cost
-    unfill = not m['cuda'] and m['local_ws']*m['threads']>=m['cpus'] and ranks<m['local_ws']
-    if lk and not lk.get('own') or unfill: m['ddp'] = self._ddp(m) # over the run's own link, its all-reduce holds DDP's costs
+    if lk and not lk.get('own'): m['ddp'] = self._ddp(m) # over the run's own link, its all-reduce holds DDP's costs
     res = predict(m, ranks, hosts, lk, scaling, **what_ifs)
     res['link'] = link
     if res['samples_s'] is None: return res

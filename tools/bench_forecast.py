@@ -10,8 +10,7 @@ data loaded by the rank itself, num_workers=0 in every run: workers would conten
               accumulation 4 and fp16 compression over the slowest, measured)
   2 ranks   - `fastddp-launch --nproc 2`, measured; forecasts 1 rank
   2 hosts   - one rank in each of two network namespaces joined by a veth pair that `tc` shapes to each rate (`tests/hosts.py`,
-              root only; the token bucket 250 us of the link; the two share this machine's cores, so their forecasts say each host
-              has half of them: `cpus=`), measured; with `--whatifs`, also with accumulation 4 and fp16
+              root only; the token bucket 250 us of the link), measured; with `--whatifs`, also with accumulation 4 and fp16
               compression over the slowest link (fewer steps there: seconds each)
 Nothing is fitted to these runs: the model's inputs are the 1-rank (or 2-rank) run's own timings and the links, measured by the
 doctor's benchmark or named. Each (forecast, measured) pair is the median over `--reps` interleaved repetitions; the error is
@@ -132,7 +131,6 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
                              runs=list(res.values()), links=lks)
         return t
     ws,lks = workloads.split(','),{}
-    share = dict(cpus=max(1, (os.cpu_count() or 2)//2)) # the two namespace hosts share this machine's cores: each has half
     here,own = "doctor's benchmark, this host","the run's own all-reduce"
     with tempfile.TemporaryDirectory() as d, Hosts() as hs:
         script = Path(d)/'run.py'
@@ -144,9 +142,9 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
             for w in ws:
                 arch,size,bs,steps,warmup,few = _work[w]
                 kw = dict(arch=arch, size=size, bs=bs, steps=steps, warmup=warmup)
-                fc = {'2': ((2, 1), link, {}), **{r: ((1, 2), r, share) for r in rates}, **{r+'@': ((1, 2), lks[r], share) for r in rates}}
+                fc = {'2': ((2, 1), link, {}), **{r: ((1, 2), r, {}) for r in rates}, **{r+'@': ((1, 2), lks[r], {}) for r in rates}}
                 if whatifs and slow:
-                    for k,o in (('acc4', dict(accum=4)), ('fp16', dict(comm_hook='fp16'))): fc[k] = ((1, 2), lks[slow], {**share, **o})
+                    for k,o in (('acc4', dict(accum=4)), ('fp16', dict(comm_hook='fp16'))): fc[k] = ((1, 2), lks[slow], o)
                 loads.append(os.getloadavg()[0]); one = on_one_host(script, 1, _args(**kw, forecasts=fc))
                 loads.append(os.getloadavg()[0]); two = on_one_host(script, 2, _args(**kw, forecasts={'1': ((1, 1), None, {})}))
                 f1 = one['forecasts']
