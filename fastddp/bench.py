@@ -595,9 +595,10 @@ def gpu_data_wait(w:dict, dev, n:int=40, warmup:int=10, ctx:dict=None):
     from fastddp.handloop import InMemory
     x,y = _data(2*w['bs'], w['size'], w['arch'])
     learn = _gpu_learn(w, dev, InMemory(x, y, n=w['bs']*(warmup+n)), InMemory(x[:w['bs']], y[:w['bs']]))
-    learn.add_cb(TimeCost(skip=warmup))
+    tc = TimeCost(skip=warmup, show=False) # the figure goes in the table, not a report
+    learn.add_cb(tc)
     with learn.distrib_ctx(**(ctx or {})): learn.fit(1)
-    st = learn.cbs.filter(lambda o: isinstance(o, TimeCost))[0].stats()
+    st = tc.stats()
     return dict(data_share=float(st['share']['data']), step_ms=float(statistics.mean(st['step_ms'])))
 
 # %% ../nbs/07_bench.ipynb #b7dc0aae

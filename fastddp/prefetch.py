@@ -55,7 +55,9 @@ class Prefetch(Callback):
     def before_validate(self): self._on()
     def after_train(self): self._off()
     def after_validate(self): self._off()
-    def after_fit(self): self._off(); gc.collect() # what the fit left in reference cycles goes before a later fit forks workers
+    def after_fit(self):
+        self._off()
+        if self.streams: gc.collect() # on a GPU: what the fit left in reference cycles goes before a later fit forks workers
 
     def _on(self):
         if _on_gpu(self.learn.dl): self.learn.dl.prefetch = self
