@@ -45,7 +45,7 @@ COMMANDS = [
     f"--png '' --save {D}/23b_compile_tabular.json",
     f"python tools/bench_foreach.py --reps 7 --save {D}/24_foreach.json",
     f"python tools/bench_forecast.py --workloads resnet18,mlp,tabular --rates 1gbit,100mbit --reps 3 --save {D}/25_forecast.json",
-    # on a GPU only (a CPU machine cannot regenerate these): `make test-gpu` runs the first, on the default path
+    # on a GPU only (a CPU machine cannot regenerate these); `make test-gpu` runs the default path on all three workloads
     f"python -m fastddp.bench --device cuda --model resnet18,resnet50 --save {D}/30_gpu_bench.json",
     f"python -m fastddp.bench --device cuda --no-prefetch --save {D}/30b_gpu_bench_no_prefetch.json",
     f"python -m fastddp.bench --device cuda --model mlp --compile reduce-overhead --no-prefetch --save {D}/30c_gpu_bench_mlp_graphs.json",
