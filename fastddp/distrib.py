@@ -213,7 +213,7 @@ def before_fit(self:DistributedTrainer):
     self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
     if rank_distrib(): self.learn.logger = noop
     if self.opt is not None: self.opt.set_to_none = True
-    if self.opt is not None: use_foreach(self.opt) # fastai's SGD/Adam on CPU: its step as foreach ops, the same numbers (`fastddp.foreach`)
+    if self.opt is not None: use_foreach(self.opt) # fastai's SGD/Adam: its step as foreach ops, the same numbers (`fastddp.foreach`)
     plain_loss(self.learn.loss_func) # a flattened loss on plain tensors, the same numbers ("Flattened losses" below)
     if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel): register_hook(self)
     if not self.step_loss and not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
