@@ -41,12 +41,13 @@ def check_run(name, n, rs, out, data):
     if ev is not None: # the run's own numbers = one process's evaluation of the exported model
         assert abs(ev[0]-m['valid_loss'])<1e-5 and abs(ev[1]-m['metrics']['accuracy'])<1e-5, (ev, m)
 
-@pytest.mark.parametrize('name', [pytest.param(k, marks=pytest.mark.smoke) if k!='pets' else k for k in CASES]) # pets: test_script_shard
+@pytest.mark.smoke
+@pytest.mark.parametrize('name', ['tabular', 'imdb'])
 def test_script(name, tmp_path):
     fn,args = CASES[name]
-    # each script alone, and the cheap tabular one under two launchers at 2 ranks (tests/test_launch covers every launcher); pets
-    # and imdb at 2 ranks: the uninterrupted runs of tests/test_resume.py check the same with `check_run`
-    ls = {'tabular': ['fastai', 'torchrun'], 'pets': [], 'imdb': []}[name]
+    # each script alone (pets: `test_pets_weights`), and the cheap tabular one under two launchers at 2 ranks (tests/test_launch
+    # covers every launcher); pets and imdb at 2 ranks: the uninterrupted runs of tests/test_resume.py check the same with `check_run`
+    ls = {'tabular': ['fastai', 'torchrun'], 'imdb': []}[name]
     for launcher,n in [('python',1)]+[(o,2) for o in ls]:
         out = tmp_path/launcher
         rs = run_ranks(str(S/fn), n=n, launcher=launcher, args=args+['--out', out], timeout=600, env={'FASTDDP_DATA': str(tmp_path/'data')})
@@ -104,7 +105,8 @@ def _run(script, args, env):
                           env={**os.environ, **OFFLINE, **env})
 
 def test_pets_weights(tmp_path):
-    "--weights NAME loads that cached torchvision file with no network; a missing one names every file that would do"
+    ("--weights NAME loads that cached torchvision file with no network (the pets script alone: what `check_run` checks); "
+     "a missing one names every file that would do")
     import torch, torchvision
     ck = tmp_path/'th'/'hub'/'checkpoints'; ck.mkdir(parents=True)
     sd = torchvision.models.resnet18().state_dict()
@@ -114,6 +116,8 @@ def test_pets_weights(tmp_path):
     base = ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18']
     p = _run('pets_ddp.py', base+['--weights', 'IMAGENET1K_V1', '--out', tmp_path/'o'], env)
     assert p.returncode==0, p.stderr[-2000:]
+    p.out = p.stdout+p.stderr
+    check_run('pets', 1, p, tmp_path/'o', tmp_path/'data')
     from fastai.learner import load_learner
     import fastai.vision.all
     w = load_learner(tmp_path/'o'/'export.pkl').model[0][0].weight
