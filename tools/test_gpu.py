@@ -27,7 +27,7 @@ def _nbs_with_cuda():
     return sorted(p.name for p in (ROOT/'nbs').rglob('*.ipynb') if '#| cuda' in p.read_text())
 
 def steps():
-    "(name, command, seconds allowed, why it cannot run here or None); the correctness steps share the GPU, the benchmark runs alone"
+    "(name, command, seconds allowed, why it cannot run here or None); the correctness steps share the GPU, each benchmark runs alone"
     scripts = ROOT/'scripts'
     has_spacy = importlib.util.find_spec('spacy') is not None
     bench_dev = '--device' in subprocess.run([PY, '-m', 'fastddp.bench', '--help'], capture_output=True, text=True).stdout
@@ -53,6 +53,8 @@ def steps():
          None if has_spacy else 'spaCy missing: carry wheels-text/ (make gpu-wheels) in a call of its own'),
         ('python -m fastddp.bench --device cuda', [PY, '-m', 'fastddp.bench', '--device', 'cuda', '--save', str(LOGS/'bench_cuda.json')],
          150, None if bench_dev else 'fastddp.bench has no --device option'),
+        ("fastai's optimizer step vs fastddp.foreach's, bench on the GPU", [PY, 'tools/bench_foreach.py', '--device', 'cuda', '--save',
+                                                                          str(LOGS/'foreach_cuda.json')], 60, None),
     ]
 
 def start(name, cmd):
@@ -91,8 +93,8 @@ def main():
         if not cuda: why = 'not run: no CUDA GPU (torch.cuda.is_available() is False)'
         if why: rows[name] = ('not run', 0., why)
     todo = [o for o in sts if o[0] not in rows]
-    # the correctness steps together (16 CPUs, one GPU), then the benchmark alone: its timings must not share the GPU
-    for group in ([o for o in todo if 'bench' not in o[0]], [o for o in todo if 'bench' in o[0]]):
+    # the correctness steps together (16 CPUs, one GPU), then each benchmark alone: its timings must not share the GPU
+    for group in ([o for o in todo if 'bench' not in o[0]], *[[o] for o in todo if 'bench' in o[0]]):
         rows.update(finish([(name, secs, *start(name, cmd)) for name,cmd,secs,_ in group]))
     ls = [f"make test-gpu on {card}, torch {torch.__version__}, Python {sys.version.split()[0]}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.time()-t0:.0f} s in all; logs in {LOGS}",
