@@ -1,4 +1,4 @@
-"""fastai's optimizer step against `fastddp.foreach`'s, per step, on this CPU or a GPU: SGD, SGD with momentum and Adam on the short-step MLP.
+"""fastai's optimizer step against `fastddp.foreach`'s, per step, on this CPU or a GPU: SGD, SGD with momentum and Adam, short-step MLP.
 
 Each repetition times `--steps` steps of each (interleaved: fastai, foreach, fastai, ...), one thread, the same gradients; the table
 gives the median of the repetitions and the median of the paired ratios with their spread. On a GPU (`--device cuda`) a timed block
