@@ -244,3 +244,68 @@ def test_nccl_two_gpus():
     if torch.cuda.device_count()<2: pytest.skip("needs 2 GPUs")
     rs = run_ranks(GPU, n=2, launcher='fastddp')
     assert [(o['be'], o['dev']) for o in rs]==[('nccl','cuda:0'), ('nccl','cuda:1')] and all(o['trained'] for o in rs)
+
+# A user's plain torch loaders: the collate_fn, sampler, worker_init_fn and prefetch_factor kept (fastai's DistributedDL drops them)
+TORCH_DL = '''
+import sys
+from pathlib import Path
+from fastai.basics import *
+from fastai.distributed import *
+from torch.utils.data import DataLoader as TorchDL, WeightedRandomSampler, DistributedSampler, Sampler
+from fastddp.core import *; from fastddp.testing import report
+d,bs,ws = Path(sys.argv[1]),4,world_size()
+seqs = [(torch.ones(i%4+1), tensor([float(i%4+1)])) for i in range(20)] # a sequence and its length
+w = [1.]*16+[0.]*4 # the last four never drawn
+def pad(b): # fastai's collation fails on sequences of different lengths
+    xs,ys = zip(*b)
+    return nn.utils.rnn.pad_sequence(xs, batch_first=True),torch.stack(ys)
+def wif(i): (d/f"wif-{rank()}-{i}").touch()
+class Sum(nn.Module): # the same output whatever the padding
+    def __init__(self): super().__init__(); self.lin = nn.Linear(1, 1)
+    def forward(self, x): return self.lin(x.sum(1, keepdim=True))
+class Seen(Callback):
+    def before_fit(self): self.ys,self.pf = [],[]
+    def after_batch(self):
+        if self.training: self.ys += self.yb[0].flatten().tolist(); self.pf.append(self.dl.fake_l.prefetch_factor)
+def mk(sampler, b, n_workers=1):
+    torch.manual_seed(1)
+    dls = DataLoaders(TorchDL(seqs, batch_size=b, sampler=sampler, collate_fn=pad, num_workers=n_workers, worker_init_fn=wif,
+                              prefetch_factor=3 if n_workers else None),
+                      TorchDL(seqs[:10], batch_size=b, collate_fn=pad))
+    return Learner(dls, Sum(), loss_func=MSELossFlat(), opt_func=SGD, lr=0.01)
+g = torch.Generator().manual_seed(0)
+learn,seen = mk(WeightedRandomSampler(w, 16, generator=g), bs),Seen()
+with learn.distrib_ctx(): learn.fit(2, cbs=seen)
+report(w=[p.detach().clone() for p in learn.model.parameters()], ys=seen.ys, pf=seen.pf, vals=learn.recorder.values,
+       back=type(learn.dls.train).__module__)
+learn,seen = mk(DistributedSampler(seqs, shuffle=False), bs, 0),Seen()
+with learn.distrib_ctx(): learn.fit(1, cbs=seen)
+report(dist_ys=seen.ys)
+if rank()==0: # one process, batch ws*bs: each step the ranks' blocks of rank 0's draw side by side, drawn by the same sampler
+    g2,orders = torch.Generator().manual_seed(0),[]
+    for _ in range(2):
+        o = list(WeightedRandomSampler(w, 16, generator=g2)); m = len(o)//ws
+        orders.append([i for s in range(0, m, bs) for r in range(ws) for i in o[r*m:(r+1)*m][s:s+bs]])
+    class Orders(Sampler):
+        def __init__(self): self.e = 0
+        def __len__(self): return 16
+        def __iter__(self): self.e += 1; return iter(orders[self.e-1])
+    ref = mk(Orders(), bs*ws, 0)
+    ref.fit(2)
+    report(ref=[p.detach().clone() for p in ref.model.parameters()], ref_vals=ref.recorder.values)
+'''
+
+def test_torch_loaders(tmp_path):
+    ("Plain torch DataLoaders under distrib_ctx at 2 ranks: the collate_fn (padding), a weighted sampler with its generator, "
+     "worker_init_fn and prefetch_factor kept; the weights and validation of one process at batch 2×4; a DistributedSampler split once")
+    rs = run_ranks(TORCH_DL, n=2, args=[tmp_path])
+    ref = rs[0]
+    for r in rs:
+        for a,b in zip(r['w'], ref['w']): assert (a-b).abs().max()<1e-6, (r['w'], ref['w'])
+        for a,b in zip(r['w'], ref['ref']): assert (a-b).abs().max()<1e-6, (r['w'], ref['ref'])
+        assert r['vals']==rs[0]['vals'] and all(abs(a-b)<1e-6 for a,b in zip(r['vals'][-1], ref['ref_vals'][-1])), (r['vals'], ref['ref_vals'])
+        assert r['pf']==[3]*len(r['pf']) and r['pf'] and r['back']=='torch.utils.data.dataloader' # the user's loaders after the fit
+        assert set(r['ys'])<={1., 2., 3., 4.} and len(r['ys'])==2*2*4 # 16 draws of the first 16 items: 2 steps an epoch, 2 epochs
+    assert sorted(f.name for f in tmp_path.iterdir())==['wif-0-0', 'wif-1-0'] # each rank's worker ran the user's set-up
+    assert sorted(rs[0]['dist_ys']+rs[1]['dist_ys'])==sorted(float(i%4+1) for i in range(20)) # every item once, not a quarter
+    assert "a DistributedSampler splits the data per rank" in rs.out
