@@ -12,6 +12,7 @@ import gc, torch
 from fastai.basics import *
 from fastai.data.load import _loaders
 from .core import warn_once
+from .stream import _Stream
 
 # %% ../nbs/02x_prefetch.ipynb #8f2117be
 _dl_iter = DataLoader.__iter__
@@ -22,9 +23,10 @@ def __iter__(self:DataLoader):
     return _dl_iter(self) if pf is None else pf.batches(self)
 
 def _on_gpu(dl):
-    "Is `dl` a fastai loader that moves its batches to a GPU in fastai's `__iter__`?"
+    "Is `dl` a fastai loader that moves its batches to a GPU in fastai's `__iter__`, or a stream's (`fastddp.stream`)?"
     d = getattr(dl, 'device', None)
-    return isinstance(dl, DataLoader) and type(dl).__iter__ is DataLoader.__iter__ and d is not None and torch.device(d).type=='cuda'
+    if d is None or torch.device(d).type!='cuda': return False
+    return isinstance(dl, _Stream) or (isinstance(dl, DataLoader) and type(dl).__iter__ is DataLoader.__iter__)
 
 def _record(o, s):
     "Mark tensor `o` as used by stream `s` (for the caching allocator)"
@@ -67,13 +69,13 @@ class Prefetch(Callback):
         for g in self.open: g.close() # restores the loader's settings (the generator's `finally`)
         self.open = []
 
-    def batches(self, dl):
-        "`dl`'s batches, copied ahead on a side stream"
-        g = self._batches(dl)
+    def batches(self, dl, host=None):
+        "`dl`'s batches, copied ahead on a side stream; a stream's (`host`: its batches in CPU memory, each with its keys) with their keys"
+        g = self._batches(dl, host)
         self.open.append(g)
         return g
 
-    def _batches(self, dl):
+    def _batches(self, dl, host=None):
         dev = torch.device(dl.device)
         gpu = dev.type=='cuda' # on the CPU the same loop, without streams (the notebook checks it there)
         if gpu:
@@ -85,20 +87,23 @@ class Prefetch(Callback):
         # there ("CUDA error: initialization error" in ~TensorImpl, seen on an H200 at a second fit). Collect it first
         if ahead: gc.collect()
         old,dl.fake_l.pin_memory = dl.fake_l.pin_memory,gpu # torch's loader pins as it collates, or in a thread of this process
-        def copy(b): # queued on the side stream: the CPU goes on at once
-            if not gpu: return to_device(b, dev),None
+        def copy(bk): # queued on the side stream: the CPU goes on at once
+            b,k = bk
+            if not gpu: return to_device(b, dev),None,k
             with torch.cuda.stream(side): d = to_device(b, dev, non_blocking=True)
-            return d,side.record_event()
-        def ready(d, ev): # the main stream reads `d` only once its copy is done; its memory stays its until then
+            return d,side.record_event(),k
+        def ready(d, ev, k): # the main stream reads `d` only once its copy is done; its memory stays its until then
             if ev is not None: main.wait_event(ev); apply(_record, d, main)
-            return dl.after_batch(d) # the loader's own batch transforms, untouched (fastai's `_one_pass` applies them too)
+            b = dl.after_batch(d) # the loader's own batch transforms, untouched (fastai's `_one_pass` applies them too)
+            return b if host is None else (b,k) # a stream's keys stay in CPU memory
+        src = ((b,None) for b in _host_batches(dl)) if host is None else host
         try:
             if not ahead:
-                for b in _host_batches(dl): yield ready(*copy(b))
+                for bk in src: yield ready(*copy(bk))
                 return
             nxt = None
-            for b in _host_batches(dl):
-                cur,nxt = nxt,copy(b) # the next batch's copy is queued before this one goes to its step
+            for bk in src:
+                cur,nxt = nxt,copy(bk) # the next batch's copy is queued before this one goes to its step
                 if cur is not None: yield ready(*cur)
             if nxt is not None: yield ready(*nxt)
         finally: dl.fake_l.pin_memory = old

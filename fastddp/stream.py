@@ -201,15 +201,22 @@ class _Stream:
             ks,xs = zip(*b)
             yield dl.do_batch(list(xs)), (tensor([-1 if k is None else k for k in ks]))
 
-    def _batches(self):
-        "Batches on this rank, rebatched, transformed and on its device, with their keys"
-        self.randomize(); self.before_iter()
+    def _host(self):
+        "This part's batches in CPU memory (pinned where the loader pins), rebatched, with their keys"
         def raw():
             # pin_memory makes lists
             for b,k in _loaders[self.fake_l.num_workers==0](self.fake_l): yield (tuple(b) if type(b)==list else b),k
-        for b,k in _rebatch(raw(), self.bs, self.drop_last):
-            if self.device is not None: b = to_device(b, self.device)
-            yield self.after_batch(b),k
+        yield from _rebatch(raw(), self.bs, self.drop_last)
+
+    def _batches(self):
+        "Batches on this rank, rebatched, transformed and on its device, with their keys"
+        self.randomize(); self.before_iter()
+        pf = self.__dict__.get('prefetch') # during a fit on a GPU: `fastddp.prefetch` copies each batch ahead of its step
+        if pf is not None: yield from pf.batches(self, self._host())
+        else:
+            for b,k in self._host():
+                if self.device is not None: b = to_device(b, self.device)
+                yield self.after_batch(b),k
         self.after_iter()
 
 # %% ../nbs/02s_stream.ipynb #775ca625
