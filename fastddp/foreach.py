@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/foreach.html.md"""
 __all__ = ['step_kind', 'foreach_step', 'use_foreach']
 
 # %% ../nbs/02o_foreach.ipynb #b31fe6be
-import torch, numpy as np
+import torch
 from types import MethodType
 from functools import partial
 from fastai.optimizer import Optimizer, weight_decay, sgd_step, average_grad, momentum_step, average_sqr_grad, step_stat, adam_step, debias
@@ -28,10 +28,6 @@ def step_kind(opt):
     return next((k for k,fs in _kinds.items() if len(cbs)==len(fs) and all(_is(c, f, **kw) for c,(f,kw) in zip(cbs, fs))), None)
 
 # %% ../nbs/02o_foreach.ipynb #dd1edde2
-def _recip32(b):
-    "The float32 reciprocal of `b`: how torch's CUDA kernel divides a tensor by a Python number `b` (it multiplies by this)"
-    return float(np.float32(1)/np.float32(b))
-
 def foreach_step(self:Optimizer, closure=None):
     "fastai's `Optimizer.step` for the `step_kind`s, one foreach call per operation and parameter group"
     if closure is not None: raise NotImplementedError("fastai optimizers currently do not support closure")
@@ -62,15 +58,14 @@ def foreach_step(self:Optimizer, closure=None):
         sq = [s['sqr_avg'] for s in sts]
         torch._foreach_mul_(sq, sm)
         torch._foreach_addcmul_(sq, gs, gs, value=1-sm)
-        db = [debias(sm, 1-sm, s['step']) for s in sts] # `adam_step`, per parameter's step count
-        den = torch._foreach_mul(sq, [_recip32(b) for b in db]) if ws[0].is_cuda else torch._foreach_div(sq, db)
+        den = torch._foreach_div(sq, [debias(sm, 1-sm, s['step']) for s in sts]) # `adam_step`, per parameter's step count
         torch._foreach_sqrt_(den)
         torch._foreach_add_(den, hyper['eps'])
         torch._foreach_addcdiv_(ws, avg, den, [-lr/debias(mom, 1-mom, s['step']) for s in sts])
 
 # %% ../nbs/02o_foreach.ipynb #a6316b8b
 def use_foreach(opt, on:bool=True):
-    "Give `opt` the foreach `step` (`on`), when it has a `step_kind` over plain tensors on one CPU or GPU, or take it back"
+    "Give `opt` the foreach `step` (`on`) where it gives fastai's numbers (a `step_kind` on CPU, SGD on a GPU), or take it back"
     own = opt.__dict__.get('step')
     ours = isinstance(own, MethodType) and own.__func__ is foreach_step
     if not on:
@@ -78,9 +73,11 @@ def use_foreach(opt, on:bool=True):
         return False
     if own is not None: return ours # a step set on this optimizer object (a wrapper of yours, say) is left as it is
     ps = [p for pg in getattr(opt, 'param_lists', []) for p in pg]
-    if not (type(opt) is Optimizer and step_kind(opt) and ps): return False
+    k = step_kind(opt) if type(opt) is Optimizer else None
+    if not (k and ps): return False
     if not all(type(p.data) is torch.Tensor for p in ps): return False # sharded (`DTensor`s): fastai's step
     if len({p.device for p in ps})>1 or ps[0].device.type not in ('cpu', 'cuda'): return False # the devices checked here only
+    if ps[0].is_cuda and k=='adam': return False # measured on a GPU: not fastai's numbers bit for bit (above)
     opt.step = MethodType(foreach_step, opt)
     return True
 
