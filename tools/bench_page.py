@@ -44,12 +44,14 @@ COMMANDS = [
     f"python -m fastddp.bench --model tabular --steps 100 --warmup 5 --modes ddp,compiled --world-sizes 2 --reps 5 --no-time-cost "
     f"--png '' --save {D}/23b_compile_tabular.json",
     f"python tools/bench_foreach.py --reps 7 --save {D}/24_foreach.json",
+    f"python tools/bench_foreach.py --device cuda --save {D}/24b_foreach_h200.json", # on an H200 (`make test-gpu`)
     f"python tools/bench_forecast.py --workloads resnet18,mlp,tabular --rates 1gbit,100mbit --reps 3 --save {D}/25_forecast.json",
     # on a GPU only (a CPU machine cannot regenerate these); `make test-gpu` runs the default path on all three workloads
     f"python -m fastddp.bench --device cuda --model resnet18,resnet50 --save {D}/30_gpu_bench.json",
     f"python -m fastddp.bench --device cuda --no-prefetch --save {D}/30b_gpu_bench_no_prefetch.json",
     f"python -m fastddp.bench --device cuda --model mlp --compile reduce-overhead --no-prefetch --save {D}/30c_gpu_bench_mlp_graphs.json",
     f"python -m fastddp.bench --device cuda --save {D}/30d_gpu_bench_h200.json", # on an H200, prefetch on (before it was exact)
+    f"python -m fastddp.bench --device cuda --save {D}/30e_gpu_bench_h200_foreach.json", # on an H200: exact prefetch, foreach SGD
 ]
 
 def load(d=RESULTS):
