@@ -16,14 +16,12 @@ def with_grads(m, dev='cpu'):
     m(torch.randn(32,64, device=dev)).pow(2).mean().backward()
     return m
 
-def _sync(dev):
-    if dev=='cuda': torch.cuda.synchronize()
-
-def per_step(opt, steps, dev='cpu'):
-    "Milliseconds per `opt.step()` over `steps` steps, until the device has done them (the gradients stay: only the step is timed)"
-    _sync(dev); t0 = time.perf_counter()
+def per_step(opt, steps):
+    "Milliseconds per `opt.step()` over `steps` steps, until the GPU has done them (the gradients stay: only the step is timed)"
+    from fastddp.bench import _sync
+    _sync(); t0 = time.perf_counter()
     for _ in range(steps): opt.step()
-    _sync(dev)
+    _sync()
     return (time.perf_counter()-t0)/steps*1e3
 
 def main():
@@ -39,14 +37,15 @@ def main():
     torch.set_num_threads(1)
     mks = {'SGD': partial(SGD, lr=1e-3, wd=0.01), 'SGD, momentum 0.9': partial(SGD, lr=1e-3, mom=0.9, wd=0.01),
            'Adam': partial(Adam, lr=1e-5, wd=0.01)}
+    if dev=='cuda': del mks['Adam'] # on a GPU `use_foreach` keeps fastai's Adam: its foreach kernels differ in the last bits there
     load0,res = os.getloadavg(),{k:{'fastai':[], 'foreach':[]} for k in mks}
     for _ in range(a.reps):
         for k,mk in mks.items():
             for side in ('fastai', 'foreach'):
                 opt = mk(with_grads(_model('mlp'), dev).parameters())
                 if side=='foreach': assert use_foreach(opt)
-                per_step(opt, 20, dev) # warm-up: the state is made at the first step
-                res[k][side].append(per_step(opt, a.steps, dev))
+                per_step(opt, 20) # warm-up: the state is made at the first step
+                res[k][side].append(per_step(opt, a.steps))
     load1 = os.getloadavg()
     med = statistics.median
     rows = ["| optimizer | fastai's step, ms (median) | foreach step, ms (median) | fastai / foreach (median of pairs, spread) |",
