@@ -31,7 +31,7 @@ FBIN := $(FLOOR)/bin
 $(eval $(call venv_rule,$(FLOOR),requirements-floor.txt))
 venv-floor: $(FBIN)/.ok
 
-# The smoke subset (tests marked `smoke`: DDP at 2-3 ranks, sharding, DCP checkpoints, launch, the scripts) at the floors.
+# The smoke subset (tests marked `smoke`: DDP at 2-3 ranks, sharding, DCP checkpoints, launch, the tabular script) at the floors.
 # only the modules that hold smoke tests: the others need packages the floor set leaves out (they would report as skipped)
 SMOKE = $(shell grep -l 'mark.smoke' tests/test_*.py)
 test-floor: $(FBIN)/.ok

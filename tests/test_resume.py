@@ -74,7 +74,8 @@ def test_tabular(tmp_path, marker):
     ("tabular_ddp.py (fastai's tabular loader draws each epoch's order from np.random): SIGTERM to fastddp-launch mid-epoch, and "
      "rank 1 SIGKILLed after an epoch's checkpoint under --max-restarts 1: each run resumes bit-equal")
     args = ['--synthetic', '400', '--bs', '16', '--epochs', '3', marker] # 10 steps an epoch
-    ref = _run(tmp_path/'ref', 'tabular', args)
+    ref = _run(tmp_path/'ref', 'tabular', args+['--out', tmp_path/'out'])
+    check_run('tabular', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under fastddp-launch
     rs = _run(tmp_path/'a', 'tabular', args, env=dict(AT='0.1.3', SIG='SIGTERM'), check=False)
     _stopped(rs, PREEMPTED, tmp_path/'a'/'tabular', '0.1')
     assert not wait_gone(marker, 10)
