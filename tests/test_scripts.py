@@ -45,7 +45,7 @@ def check_run(name, n, rs, out, data):
 def test_script(name, tmp_path):
     fn,args = CASES[name]
     # each script alone (pets: `test_pets_weights`). At 2 ranks the uninterrupted runs of tests/test_resume.py check the same with
-    # `check_run`: pets under `python -m fastai.launch`, imdb under torchrun, tabular under fastddp-launch (tests/test_launch: every launcher)
+    # `check_run`: pets under `python -m fastai.launch`, imdb under torchrun, tabular under fastddp-launch (tests/test_launch: all)
     rs = run_ranks(str(S/fn), n=1, launcher='python', args=args+['--out', tmp_path/'o'], timeout=600,
                    env={'FASTDDP_DATA': str(tmp_path/'data')})
     check_run(name, 1, rs, tmp_path/'o', tmp_path/'data')

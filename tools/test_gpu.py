@@ -55,6 +55,8 @@ def steps():
          150, None if bench_dev else 'fastddp.bench has no --device option'),
         ("fastai's optimizer step vs fastddp.foreach's, bench on the GPU", [PY, 'tools/bench_foreach.py', '--device', 'cuda', '--save',
                                                                           str(LOGS/'foreach_cuda.json')], 60, None),
+        ("the MLP step by DataLoader workers, and cProfile'd (bench)", [PY, 'tools/profile_mlp.py', '--device', 'cuda', '--save',
+                                                                       str(LOGS/'profile_mlp.txt')], 150, None),
     ]
 
 def start(name, cmd):

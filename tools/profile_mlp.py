@@ -1,0 +1,95 @@
+"""Where the short-step MLP's time goes (issue 36's MLP row, the one row under its target): by worker count, and per function.
+
+On a GPU the MLP's step is the CPU's work: launching a few kernels, fastai's loop, and taking the next batch from the loader. This
+measures, in one process at world size 1 (as `python -m fastddp.bench --device cuda` runs it):
+1. fastddp's default path against the hand-written loop (`fastddp.handloop`) in paired blocks (`fastddp.bench.gpu_pair`), with the
+   DataLoader workers left to fastddp (None: its rule, `n_workers()`) and at fixed counts on both sides;
+2. cProfile of the main process over the same number of steps of each (fastddp's fit; the hand-written loop), the functions that
+   took the most time themselves.
+Usage: `python tools/profile_mlp.py --device cuda --save /tmp/profile_mlp.txt` (`make test-gpu` runs it; `--device cpu`: a check)."""
+import os, sys, io, time, statistics, argparse, cProfile, pstats
+import torch
+
+def setup(device):
+    "The environment of one rank and its process group, as `fastddp.bench.gpu_bench` makes them"
+    import torch.distributed as dist
+    from fastddp.launch import free_port
+    for k,v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1').items(): os.environ.setdefault(k, v)
+    os.environ.setdefault('MASTER_PORT', str(free_port()))
+    if not dist.is_initialized(): dist.init_process_group('nccl' if device=='cuda' else 'gloo', rank=0, world_size=1)
+
+def workload(device):
+    from fastddp.bench import gpu_workloads, cpu_workloads
+    return (gpu_workloads if device=='cuda' else cpu_workloads)[0]
+
+def by_workers(device, counts, steps, blocks):
+    "Table rows: ms per step of each side and their paired ratio, for each worker count (None: fastddp's rule, 8 at most by hand)"
+    from fastddp.bench import gpu_pair, _device
+    from fastddp.core import n_workers
+    dev,w,rows = _device() if device=='cuda' else torch.device('cpu'),workload(device),[]
+    for k in counts:
+        r = gpu_pair(dict(w, workers=k) if k is not None else {k_:v for k_,v in w.items() if k_!='workers'}, dev, steps, blocks)
+        a,b = r['fastddp_s'],r['hand_s']
+        rs = [y/x for x,y in zip(a, b)]
+        rows.append(f"| {f'default ({n_workers()} fastddp, {min(8, n_workers())} hand-written)' if k is None else k} | "
+                    f"{statistics.median(b)/steps*1e3:.3f} | {statistics.median(a)/steps*1e3:.3f} | "
+                    f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f}) |")
+    return ["| DataLoader workers | hand-written ms/step | fastddp ms/step | fastddp / hand-written, speed (median, range) |",
+            "|---|---|---|---|", *rows]
+
+def _top(pr, n):
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats('tottime').print_stats(n)
+    return s.getvalue()
+
+def profiles(device, steps, warmup=50, n=30):
+    "cProfile of fastddp's fit and of the hand-written loop over `steps` training steps each, after `warmup`"
+    from fastai.basics import Callback, CancelFitException
+    from fastai.distributed import DistributedTrainer # `distrib_ctx`
+    from fastddp.bench import _gpu_learn, _data, _model, _device, _sync
+    from fastddp.handloop import InMemory, HandLoop
+    dev,w = _device() if device=='cuda' else torch.device('cpu'),workload(device)
+    x,y = _data(2*w['bs'], w['size'], 'mlp')
+    ds = InMemory(x, y, n=w['bs']*(warmup+steps+10))
+    pr = cProfile.Profile()
+    class Prof(Callback):
+        order = 1e9
+        def before_fit(self): self.i = 0
+        def after_batch(self):
+            if not self.training: return
+            self.i += 1
+            if self.i==warmup: _sync(); self.t0 = time.perf_counter(); pr.enable()
+            if self.i==warmup+steps:
+                _sync(); pr.disable(); self.ms = (time.perf_counter()-self.t0)/steps*1e3
+                raise CancelFitException()
+    learn,cb = _gpu_learn(w, dev, ds, InMemory(x[:w['bs']], y[:w['bs']])),Prof()
+    learn.add_cb(cb)
+    with learn.distrib_ctx(): learn.fit(1)
+    out = [f"fastddp's fit, {steps} steps: {cb.ms:.3f} ms/step under cProfile", _top(pr, n)]
+    from fastddp.core import n_workers
+    hand = HandLoop(_model('mlp'), ds, w['bs'], dev, w['bf16'], workers=min(8, n_workers()) if w.get('workers') is None else w['workers'])
+    hand.steps(warmup); _sync()
+    pr = cProfile.Profile()
+    t0 = time.perf_counter(); pr.enable(); hand.steps(steps); _sync(); pr.disable()
+    out += [f"the hand-written loop, {steps} steps: {(time.perf_counter()-t0)/steps*1e3:.3f} ms/step under cProfile", _top(pr, n)]
+    return out
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
+    p.add_argument('--steps', type=int, default=200); p.add_argument('--blocks', type=int, default=3)
+    p.add_argument('--workers', default='none,0,2,8', help="counts to pair, 'none': fastddp's rule")
+    p.add_argument('--save')
+    a = p.parse_args()
+    setup(a.device)
+    counts = [None if o=='none' else int(o) for o in a.workers.split(',')]
+    if a.device=='cpu': counts = [o for o in counts if o in (None, 0)] # the CPU workload makes its batches in the main process
+    card = torch.cuda.get_device_name(0) if a.device=='cuda' else 'CPU'
+    ls = [f"MLP step, {card}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+          f"python tools/profile_mlp.py {' '.join(sys.argv[1:])}", '', *by_workers(a.device, counts, a.steps, a.blocks), '',
+          *profiles(a.device, a.steps)]
+    txt = '\n'.join(ls)
+    print(txt)
+    if a.save: open(a.save, 'w').write(txt+'\n')
+
+if __name__=='__main__': main()
