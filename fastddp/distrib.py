@@ -437,6 +437,16 @@ def __getstate__(self:Learner):
     "Pickle (`export`) as fastai does, without the cached dispatch of `distrib_ctx`: it holds callbacks that hold process groups"
     return {k:v for k,v in _learner_getstate(self).items() if k not in ("_cb_cache", "_call_one")}
 
+# %% ../nbs/03_distrib.ipynb #b7e47ca9
+from fastai.learner import CastToTensor
+_cast_before_batch = CastToTensor.before_batch
+@patch
+def before_batch(self:CastToTensor):
+    "fastai's; inside `distrib_ctx`, nothing to do when every tensor of the batch is a plain `Tensor` already"
+    l = self.learn
+    if '_cb_cache' in l.__dict__ and all(type(o) is Tensor for o in (*l.xb, *l.yb)): return
+    _cast_before_batch(self)
+
 # %% ../nbs/03_distrib.ipynb #ded39f7e
 def _plain(axis, x):
     "`BaseLoss._contiguous`, as a plain tensor instead of a `TensorBase`"

@@ -22,7 +22,9 @@ class RankSmoothLoss(AvgSmoothLoss):
         self.val,self.count,self.losses = sm.val,sm.count,[]
     def reset(self): super().reset(); self.losses = []
     def accumulate(self, learn):
-        v = learn.loss.mean().detach() # stays on the device: a copy to the CPU at every step would wait for the GPU
+        # stays on the device: a copy to the CPU at every step would wait for the GPU. Detached first: `mean` on the loss itself would
+        # add a node to the autograd graph at every step (fastai's `to_detach(loss.mean())` does)
+        v = learn.loss.detach().mean()
         self.losses.append(v)
         self.count += 1
         # fastai's `reset` makes `val` on the CPU: it follows the loss to its device once (an asynchronous copy: no wait for the GPU)
@@ -79,6 +81,27 @@ class EpochLoss(Callback):
 
     def after_fit(self): # runs once the trainer has removed it too: uses only its own state
         if self.rec is not None: self._restore()
+
+# %% ../nbs/02b_epoch_loss.ipynb #674178da
+_rec_after_batch = Recorder.after_batch
+@patch
+def after_batch(self:Recorder):
+    "fastai's; while `EpochLoss` smooths an epoch, the same records with the smoothed value computed once and no new `L` a step"
+    sm = self.__dict__.get('smooth_loss')
+    if not isinstance(sm, RankSmoothLoss): return _rec_after_batch(self)
+    learn = self.learn
+    if len(learn.yb)==0: return
+    if not learn.training: return _rec_after_batch(self)
+    # fastai's `_train_mets`: none once training was cancelled (`after_cancel_train` sets it; `__dict__`: a miss through `GetAttr`
+    # would ask the learner, then the model)
+    if not self.__dict__.get('cancel_train', False):
+        sm.accumulate(learn)
+        if self.train_metrics:
+            for met in self.metrics: met.accumulate(learn)
+    self.lrs.append(learn.opt.hypers[-1]['lr'])
+    v = sm.value
+    self.losses.append(v)
+    learn.smooth_loss = v
 
 # %% ../nbs/02b_epoch_loss.ipynb #e1d13f02
 from fastprogress import fastprogress as _fp

@@ -14,7 +14,8 @@ def setup(device):
     "The environment of one rank and its process group, as `fastddp.bench.gpu_bench` makes them"
     import torch.distributed as dist
     from fastddp.launch import free_port
-    for k,v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1').items(): os.environ.setdefault(k, v)
+    for k,v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1').items():
+        os.environ.setdefault(k, v)
     os.environ.setdefault('MASTER_PORT', str(free_port()))
     if not dist.is_initialized(): dist.init_process_group('nccl' if device=='cuda' else 'gloo', rank=0, world_size=1)
 
