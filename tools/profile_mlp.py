@@ -4,7 +4,8 @@ On a GPU the MLP's step is the CPU's work: launching a few kernels, fastai's loo
 measures, in one process at world size 1 (as `python -m fastddp.bench --device cuda` runs it):
 1. fastddp's default path against the hand-written loop (`fastddp.handloop`) in paired blocks (`fastddp.bench.gpu_pair`), with the
    DataLoader workers left to fastddp (None: its rule, `n_workers()`) and at fixed counts on both sides;
-2. cProfile of the main process over the same number of steps of each (fastddp's fit; the hand-written loop), the functions that
+2. the time each callback of fastddp's fit takes at each event, per training step (no profiler running);
+3. cProfile of the main process over the same number of steps of each (fastddp's fit; the hand-written loop), the functions that
    took the most time themselves.
 Usage: `python tools/profile_mlp.py --device cuda --save /tmp/profile_mlp.txt` (`make test-gpu` runs it; `--device cpu`: a check)."""
 import os, sys, io, time, statistics, argparse, cProfile, pstats
@@ -43,8 +44,25 @@ def _top(pr, n):
     pstats.Stats(pr, stream=s).sort_stats('tottime').print_stats(n)
     return s.getvalue()
 
-def profiles(device, steps, warmup=50, n=30):
-    "cProfile of fastddp's fit and of the hand-written loop over `steps` training steps each, after `warmup`"
+def callback_times(device, steps, warmup=50, n=12):
+    "Table rows: µs per training step that each callback of fastddp's fit spends at each event, the `n` costliest"
+    from collections import Counter
+    from fastai.callback.core import Callback
+    ts,call = Counter(),Callback.__call__
+    def timed(self, event_name):
+        t = time.perf_counter()
+        try: return call(self, event_name)
+        finally: ts[(type(self).__name__, event_name)] += time.perf_counter()-t
+    Callback.__call__ = timed # this tool's process only: each callback's events timed
+    try: profiles(device, steps, warmup, prof=False)
+    finally: Callback.__call__ = call
+    ts = {k:v for k,v in ts.items() if k[0]!='Prof'} # the harness's own
+    k = warmup+steps # the training steps the fit ran (it stops there, before validating)
+    rows = [f"| {c} | {e} | {v/k*1e6:.1f} |" for (c,e),v in sorted(ts.items(), key=lambda kv: -kv[1])[:n]]
+    return [f"| callback | event | µs per training step (all {k} of the fit) |", "|---|---|---|", *rows]
+
+def profiles(device, steps, warmup=50, n=30, prof=True):
+    "cProfile of fastddp's fit and of the hand-written loop over `steps` training steps each, after `warmup` (`prof=False`: none)"
     from fastai.basics import Callback, CancelFitException
     from fastai.distributed import DistributedTrainer # `distrib_ctx`
     from fastddp.bench import _gpu_learn, _data, _model, _device, _sync
@@ -59,13 +77,16 @@ def profiles(device, steps, warmup=50, n=30):
         def after_batch(self):
             if not self.training: return
             self.i += 1
-            if self.i==warmup: _sync(); self.t0 = time.perf_counter(); pr.enable()
+            if self.i==warmup:
+                _sync(); self.t0 = time.perf_counter()
+                if prof: pr.enable()
             if self.i==warmup+steps:
                 _sync(); pr.disable(); self.ms = (time.perf_counter()-self.t0)/steps*1e3
                 raise CancelFitException()
     learn,cb = _gpu_learn(w, dev, ds, InMemory(x[:w['bs']], y[:w['bs']])),Prof()
     learn.add_cb(cb)
     with learn.distrib_ctx(): learn.fit(1)
+    if not prof: return []
     out = [f"fastddp's fit, {steps} steps: {cb.ms:.3f} ms/step under cProfile", _top(pr, n)]
     from fastddp.core import n_workers
     hand = HandLoop(_model('mlp'), ds, w['bs'], dev, w['bf16'], workers=min(8, n_workers()) if w.get('workers') is None else w['workers'])
@@ -88,7 +109,7 @@ def main():
     card = torch.cuda.get_device_name(0) if a.device=='cuda' else 'CPU'
     ls = [f"MLP step, {card}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
           f"python tools/profile_mlp.py {' '.join(sys.argv[1:])}", '', *by_workers(a.device, counts, a.steps, a.blocks), '',
-          *profiles(a.device, a.steps)]
+          *callback_times(a.device, a.steps), '', *profiles(a.device, a.steps)]
     txt = '\n'.join(ls)
     print(txt)
     if a.save: open(a.save, 'w').write(txt+'\n')
