@@ -562,6 +562,12 @@ def _gpu_learn(w, dev, ds, valid):
     learn = Learner(dls, _model(w['arch']), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01)
     return learn.to_bf16() if w['bf16'] else learn
 
+def _hand(w, dev, ds):
+    "The hand-written side of workload `w`: `HandLoop` with `w`'s workers, or (`w` leaves them) fastddp's count, 8 at most"
+    from fastddp.handloop import HandLoop
+    nw = w.get('workers')
+    return HandLoop(_model(w['arch']), ds, w['bs'], dev, w['bf16'], workers=min(8, n_workers()) if nw is None else nw)
+
 def gpu_pair(w:dict, # a workload of `gpu_workloads`
              dev, # the torch device
              n:int=None, # steps per block; None: the workload's
@@ -570,12 +576,11 @@ def gpu_pair(w:dict, # a workload of `gpu_workloads`
     "fastddp's default path and `HandLoop` on workload `w`, in alternating blocks: each block's seconds and host syncs, and the FLOPs"
     from fastai.callback.fp16 import MixedPrecision # `to_bf16`
     from fastai.distributed import DistributedTrainer # `distrib_ctx`
-    from fastddp.handloop import InMemory, HandLoop
+    from fastddp.handloop import InMemory
     arch,bs,n = w['arch'],w['bs'],n or w['steps']
     x,y = _data(2*bs, w['size'], arch)
     ds = InMemory(x, y, n=bs*(warmup+n*(blocks+1)))
-    nw = w.get('workers') # None: fastai's default on fastddp's side (fastddp gives each rank its share), 8 at most by hand
-    hand = HandLoop(_model(arch), ds, bs, dev, w['bf16'], workers=min(8, n_workers()) if nw is None else nw)
+    hand = _hand(w, dev, ds)
     learn = _gpu_learn(w, dev, ds, InMemory(x[:bs], y[:bs]))
     xb,yb = x[:bs].to(dev),y[:bs].to(dev)
     fl = dict(throughput=train_flops(_model(arch).to(dev), [xb], lambda o,t: F.cross_entropy(o, t), [yb])/bs,
@@ -602,20 +607,25 @@ def gpu_data_wait(w:dict, dev, n:int=40, warmup:int=10, ctx:dict=None):
     return dict(data_share=float(st['share']['data']), step_ms=float(statistics.mean(st['step_ms'])))
 
 # %% ../nbs/07_bench.ipynb #b7dc0aae
-def gpu_bench(device:str='cuda', # 'cuda', or 'cpu' for the tiny workloads
-              steps:int=None, blocks:int=5, warmup:int=10,
-              archs:list=None, # the workloads of these models only; None: all three
-              ctx:dict=None): # `distrib_ctx`'s arguments on fastddp's side
-    "`gpu_pair` on each workload, in this process as one rank (world size 1, as under `torchrun`), then `gpu_data_wait`"
+def _one_rank(device:str='cuda'): # 'cuda' or 'cpu'
+    "This process as rank 0 of 1 (as under `torchrun`), with a process group when it has none: (its device, whether it made the group)"
     gpu = device=='cuda'
     for k,v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1').items():
         os.environ.setdefault(k, v)
     os.environ.setdefault('MASTER_PORT', str(free_port()))
     dev = _device() if gpu else torch.device('cpu')
-    torch.backends.cudnn.benchmark = True # both sides: a careful user sets it
     own = not dist.is_initialized() # the hand-written loop's DDP needs a process group, as the user's script makes one
     if own: dist.init_process_group('nccl' if gpu else 'gloo', rank=0, world_size=1)
-    ws = [w for w in (gpu_workloads if gpu else cpu_workloads) if archs is None or w['arch'] in archs]
+    return dev,own
+
+def gpu_bench(device:str='cuda', # 'cuda', or 'cpu' for the tiny workloads
+              steps:int=None, blocks:int=5, warmup:int=10,
+              archs:list=None, # the workloads of these models only; None: all three
+              ctx:dict=None): # `distrib_ctx`'s arguments on fastddp's side
+    "`gpu_pair` on each workload, in this process as one rank (world size 1, as under `torchrun`), then `gpu_data_wait`"
+    torch.backends.cudnn.benchmark = True # both sides: a careful user sets it
+    dev,own = _one_rank(device)
+    ws = [w for w in (gpu_workloads if device=='cuda' else cpu_workloads) if archs is None or w['arch'] in archs]
     try: rows = [dict(gpu_pair(w, dev, steps, blocks, warmup, ctx), **gpu_data_wait(w, dev, ctx=ctx)) for w in ws]
     finally:
         if own: dist.destroy_process_group()

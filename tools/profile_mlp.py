@@ -8,27 +8,18 @@ measures, in one process at world size 1 (as `python -m fastddp.bench --device c
 3. cProfile of the main process over the same number of steps of each (fastddp's fit; the hand-written loop), the functions that
    took the most time themselves.
 Usage: `python tools/profile_mlp.py --device cuda --save /tmp/profile_mlp.txt` (`make test-gpu` runs it; `--device cpu`: a check)."""
-import os, sys, io, time, statistics, argparse, cProfile, pstats
+import sys, io, time, statistics, argparse, cProfile, pstats
 import torch
-
-def setup(device):
-    "The environment of one rank and its process group, as `fastddp.bench.gpu_bench` makes them"
-    import torch.distributed as dist
-    from fastddp.launch import free_port
-    for k,v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1').items():
-        os.environ.setdefault(k, v)
-    os.environ.setdefault('MASTER_PORT', str(free_port()))
-    if not dist.is_initialized(): dist.init_process_group('nccl' if device=='cuda' else 'gloo', rank=0, world_size=1)
 
 def workload(device):
     from fastddp.bench import gpu_workloads, cpu_workloads
     return (gpu_workloads if device=='cuda' else cpu_workloads)[0]
 
-def by_workers(device, counts, steps, blocks):
+def by_workers(dev, device, counts, steps, blocks):
     "Table rows: ms per step of each side and their paired ratio, for each worker count (None: fastddp's rule, 8 at most by hand)"
-    from fastddp.bench import gpu_pair, _device
+    from fastddp.bench import gpu_pair
     from fastddp.core import n_workers
-    dev,w,rows = _device() if device=='cuda' else torch.device('cpu'),workload(device),[]
+    w,rows = workload(device),[]
     for k in counts:
         r = gpu_pair(dict(w, workers=k) if k is not None else {k_:v for k_,v in w.items() if k_!='workers'}, dev, steps, blocks)
         a,b = r['fastddp_s'],r['hand_s']
@@ -44,7 +35,7 @@ def _top(pr, n):
     pstats.Stats(pr, stream=s).sort_stats('tottime').print_stats(n)
     return s.getvalue()
 
-def callback_times(device, steps, warmup=50, n=12):
+def callback_times(dev, device, steps, warmup=50, n=12):
     "Table rows: µs per training step that each callback of fastddp's fit spends at each event, the `n` costliest"
     from collections import Counter
     from fastai.callback.core import Callback
@@ -54,20 +45,20 @@ def callback_times(device, steps, warmup=50, n=12):
         try: return call(self, event_name)
         finally: ts[(type(self).__name__, event_name)] += time.perf_counter()-t
     Callback.__call__ = timed # this tool's process only: each callback's events timed
-    try: profiles(device, steps, warmup, prof=False)
+    try: profiles(dev, device, steps, warmup, prof=False)
     finally: Callback.__call__ = call
     ts = {k:v for k,v in ts.items() if k[0]!='Prof'} # the harness's own
     k = warmup+steps # the training steps the fit ran (it stops there, before validating)
     rows = [f"| {c} | {e} | {v/k*1e6:.1f} |" for (c,e),v in sorted(ts.items(), key=lambda kv: -kv[1])[:n]]
     return [f"| callback | event | µs per training step (all {k} of the fit) |", "|---|---|---|", *rows]
 
-def profiles(device, steps, warmup=50, n=30, prof=True):
+def profiles(dev, device, steps, warmup=50, n=30, prof=True):
     "cProfile of fastddp's fit and of the hand-written loop over `steps` training steps each, after `warmup` (`prof=False`: none)"
     from fastai.basics import Callback, CancelFitException
     from fastai.distributed import DistributedTrainer # `distrib_ctx`
-    from fastddp.bench import _gpu_learn, _data, _model, _device, _sync
-    from fastddp.handloop import InMemory, HandLoop
-    dev,w = _device() if device=='cuda' else torch.device('cpu'),workload(device)
+    from fastddp.bench import _gpu_learn, _hand, _data, _sync
+    from fastddp.handloop import InMemory
+    w = workload(device)
     x,y = _data(2*w['bs'], w['size'], 'mlp')
     ds = InMemory(x, y, n=w['bs']*(warmup+steps+10))
     pr = cProfile.Profile()
@@ -88,8 +79,7 @@ def profiles(device, steps, warmup=50, n=30, prof=True):
     with learn.distrib_ctx(): learn.fit(1)
     if not prof: return []
     out = [f"fastddp's fit, {steps} steps: {cb.ms:.3f} ms/step under cProfile", _top(pr, n)]
-    from fastddp.core import n_workers
-    hand = HandLoop(_model('mlp'), ds, w['bs'], dev, w['bf16'], workers=min(8, n_workers()) if w.get('workers') is None else w['workers'])
+    hand = _hand(w, dev, ds)
     hand.steps(warmup); _sync()
     pr = cProfile.Profile()
     t0 = time.perf_counter(); pr.enable(); hand.steps(steps); _sync(); pr.disable()
@@ -103,13 +93,14 @@ def main():
     p.add_argument('--workers', default='none,0,2,8', help="counts to pair, 'none': fastddp's rule")
     p.add_argument('--save')
     a = p.parse_args()
-    setup(a.device)
+    from fastddp.bench import _one_rank
+    dev,_ = _one_rank(a.device)
     counts = [None if o=='none' else int(o) for o in a.workers.split(',')]
     if a.device=='cpu': counts = [o for o in counts if o in (None, 0)] # the CPU workload makes its batches in the main process
     card = torch.cuda.get_device_name(0) if a.device=='cuda' else 'CPU'
     ls = [f"MLP step, {card}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-          f"python tools/profile_mlp.py {' '.join(sys.argv[1:])}", '', *by_workers(a.device, counts, a.steps, a.blocks), '',
-          *callback_times(a.device, a.steps), '', *profiles(a.device, a.steps)]
+          f"python tools/profile_mlp.py {' '.join(sys.argv[1:])}", '', *by_workers(dev, a.device, counts, a.steps, a.blocks), '',
+          *callback_times(dev, a.device, a.steps), '', *profiles(dev, a.device, a.steps)]
     txt = '\n'.join(ls)
     print(txt)
     if a.save: open(a.save, 'w').write(txt+'\n')
