@@ -63,12 +63,14 @@ test-fast: $(BIN)/.ok
 
 # Every GPU check in one command, one table at the end (tools/test_gpu.py): the `cuda` tests, ranks sharing the GPU over gloo, the
 # notebooks' `cuda` cells, the three scripts on the GPU, the GPU benchmark. On a GPU machine whose Python has torch but not fastai
-# it installs the wheels `make gpu-wheels` put in wheels/ (carry that folder); without CUDA it reports the GPU steps as not run.
+# it installs the wheels `make gpu-wheels` packed in gpu-wheels.tar.xz (carry that file); without CUDA it reports the GPU steps as not
+# run.
 GPU_PY ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
 test-gpu:
 	$(GPU_PY) tools/test_gpu.py
 
-# The wheels a GPU machine's image lacks (tools/gpu-requirements.in), into wheels/ (12 MiB) and wheels-text/ (spaCy, 58 MiB)
+# The wheels a GPU machine's image lacks (tools/gpu-requirements.in), into wheels/ (12 MiB) and wheels-text/ (spaCy, 58 MiB), then
+# all of them in gpu-wheels.tar.xz (39 MiB: one file, under the 64 MiB a device call carries)
 gpu-wheels: $(BIN)/.ok
 	$(BIN)/python tools/gpu_wheels.py
 

@@ -2,7 +2,7 @@
 names hold a word). On a machine whose Python has torch but not fastai it
 first installs the carried wheels offline (`make gpu-wheels` downloads them here); on a machine without CUDA it reports each GPU
 step as not run."""
-import os, sys, time, json, subprocess, importlib.util, importlib.metadata as md
+import os, sys, time, json, tempfile, subprocess, importlib.util, importlib.metadata as md
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
@@ -17,8 +17,16 @@ def _installed(name):
 
 def install():
     "Install the carried wheels this Python lacks, and fastddp itself (editable), offline; a line saying what was done"
-    ws = [w for d in ('wheels', 'wheels-text') for w in sorted((ROOT/d).glob('*.whl')) if not _installed(_dist(w))]
-    if ws: subprocess.run([PY, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps', *map(str, ws)], check=True)
+    with tempfile.TemporaryDirectory() as d:
+        ws = [w for o in ('wheels', 'wheels-text') for w in sorted((ROOT/o).glob('*.whl'))]
+        if (ROOT/'gpu-wheels.tar.xz').exists(): # `make gpu-wheels`'s one file to carry: all the wheels
+            sys.path.insert(0, str(ROOT/'tools'))
+            from gpu_wheels import unpack
+            have = {o.name for o in ws}
+            ws += [o for o in unpack(ROOT/'gpu-wheels.tar.xz', d) if o.name not in have]
+        ws = [w for w in ws if not _installed(_dist(w))]
+        if ws: subprocess.run([PY, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps', *map(str, ws)], check=True)
+    importlib.invalidate_caches() # `steps` looks for spaCy, installed just now
     if importlib.util.find_spec('fastddp') is None or not _installed('fastddp'):
         subprocess.run([PY, '-m', 'pip', 'install', '-q', '--no-deps', '--no-build-isolation', '-e', str(ROOT)], check=True)
     return f"installed {len(ws)} carried wheel(s)" if ws else "nothing to install"
@@ -50,7 +58,7 @@ def steps():
                                                              '--fp16', '--time-cost'], 300, None),
         ('IMDB sample script, python', [PY, str(scripts/'imdb_ddp.py'), '--sample', '--synthetic', '200', '--no-pretrained', '--epochs',
                                         '1'], 300,
-         None if has_spacy else 'spaCy missing: carry wheels-text/ (make gpu-wheels) in a call of its own'),
+         None if has_spacy else 'spaCy missing: carry gpu-wheels.tar.xz (make gpu-wheels)'),
         ('python -m fastddp.bench --device cuda', [PY, '-m', 'fastddp.bench', '--device', 'cuda', '--save', str(LOGS/'bench_cuda.json')],
          150, None if bench_dev else 'fastddp.bench has no --device option'),
         ("fastai's optimizer step vs fastddp.foreach's, bench on the GPU", [PY, 'tools/bench_foreach.py', '--device', 'cuda', '--save',
