@@ -181,6 +181,10 @@ def predict(m:dict, # `measured(tc)`
         A['contention'] = (f"not modelled: {ranks} rank{'s'*(ranks>1)} filling this machine's {m['cpus']} cores run slower together "
                            "than the run measured (shared caches and memory, DDP's and the network's threads): expect fewer samples/s, "
                            "most where steps are short")
+    elif not m['cuda'] and m['local_ws']*m['threads']>=m['cpus'] and ranks*thr<m['local_ws']*m['threads']: # fewer than in the run
+        A['contention'] = (f"not modelled: the run's {m['local_ws']} rank{'s'*(m['local_ws']>1)} filled this machine's {m['cpus']} cores, "
+                           "which slows each (shared caches and memory, DDP's and the network's threads); with cores to spare, expect "
+                           "more samples/s, most where steps are short")
     # communication: the buckets' ring all-reduces, overlapped with the rest of backward
     hook = w['comm_hook'] if 'comm_hook' in w else m['hook']
     comm = 0.
