@@ -1,4 +1,4 @@
-"The GPU session's tools, checked here so that a lent GPU's minutes are not spent on their bugs: `make gpu-wheels`'s archive, `make test-gpu`"
+"The GPU session's tools, checked here so that a lent GPU's minutes are not spent on their bugs: `make gpu-wheels`, `make test-gpu`"
 import os, sys, json, hashlib, zipfile, subprocess, importlib.util
 from pathlib import Path
 
