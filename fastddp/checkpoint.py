@@ -94,7 +94,9 @@ def load_latest(path):
 def _opt_entries(learn):
     "The optimizer's state as `{'fastai.NAME.KEY' or 'torch.NAME.KEY': value}`, and `Lookahead`'s slow weights as 'slow.NAME.w'"
     opt,names = learn.opt,{id(p):k for k,p in learn.model.named_parameters()}
-    res = {f'{w}.{names[id(p)]}.{k}': v for w,st in state_dicts(opt) for p,d in st.items() for k,v in d.items()}
+    # fastai keys a state by `m.bias` for each module that has one (`norm_bias_params`), and an RNN's `bias` is the bool its
+    # constructor took: AWD-LSTM's optimizer holds `{'do_wd': False}` under `True`, no parameter's. The parameters' states are saved
+    res = {f'{w}.{names[id(p)]}.{k}': v for w,st in state_dicts(opt) for p,d in st.items() if isinstance(p, Tensor) for k,v in d.items()}
     for ss,ps in zip(getattr(opt, 'slow_weights', None) or [], opt.param_lists):
         res.update({f'slow.{names[id(p)]}.w': o for o,p in zip(ss, ps)})
     return res

@@ -9,7 +9,7 @@ __all__ = ['auto_units', 'check_units', 'bcast', 'BufferSync', 'shard_model', 'i
            'to_full', 'meta_clone', 'full_state', 'Sharded']
 
 # %% ../nbs/02h_shard.ipynb #a95ebc2b
-import itertools, cloudpickle
+import sys, itertools, cloudpickle
 from copy import deepcopy
 from collections import defaultdict
 import torch, torch.distributed as dist
@@ -31,26 +31,42 @@ def _owners(model):
     return res
 
 # %% ../nbs/02h_shard.ipynb #510e9457
+def _repeats(m:nn.Module):
+    "Does `m` call its children a number of times that depends on the batch? fastai's `SentenceEncoder` runs its RNN once per `bptt` chunk"
+    se = getattr(sys.modules.get('fastai.text.models.core'), 'SentenceEncoder', None) # loaded wherever such a model exists
+    return se is not None and isinstance(m, se)
+
 def auto_units(model:nn.Module, # the model to shard
                min_params:int=1_000_000): # smallest number of parameters of a unit
     "Names of the blocks to shard as units, innermost first: those reaching `min_params` of parameters no smaller unit holds"
-    shared = {k for ks in _owners(model).values() if len(ks)>1 for k in ks} # a tied weight stays in the unit that holds all its uses
+    ties = [ks for ks in _owners(model).values() if len(ks)>1] # a tied weight stays in a unit that holds all its uses
+    split = lambda pre: any(0<sum(k.startswith(pre) for k in ks)<len(ks) for ks in ties)
     res = []
     def _walk(m, pre):
-        n = sum(_walk(c, f'{pre}{k}.') for k,c in m.named_children()) + sum(p.numel() for p in m.parameters(recurse=False))
-        if pre and n>=min_params and not any(k.startswith(pre) for k in shared): res.append(pre[:-1]); return 0
+        # a unit all-gathers at each call: inside a block that calls it once per chunk, ranks with longer texts would gather more often
+        # than the others, and their collectives would not match. Such a block is sharded whole
+        kids = [] if _repeats(m) else list(m.named_children())
+        n = sum(_walk(c, f'{pre}{k}.') for k,c in kids) + sum(p.numel() for p in m.parameters(recurse=not kids))
+        if pre and n>=min_params and not split(pre): res.append(pre[:-1]); return 0
         return n
     _walk(model, '')
     return res
 
 # %% ../nbs/02h_shard.ipynb #7e9de4b8
 def check_units(model, units):
-    "Raise one clear error when a parameter is shared by two shard units"
+    "Raise one clear error when a parameter is shared by two shard units, or a unit lies inside a block that calls it once per chunk"
     for ks in _owners(model).values():
         us = {_unit_of(k, units) or '<root>' for k in ks}
         if len(us)>1:
             raise DistribError(f"parameter {ks[0]} is shared by the shard units {', '.join(sorted(us))} (as {', '.join(ks)}): choose "
                                "shard_modules that keep its uses in one unit")
+    rep = [k for k,m in model.named_modules() if _repeats(m)]
+    for u in units:
+        r = next((k for k in rep if not k or u.startswith(k+'.')), None)
+        if r is not None:
+            raise DistribError(f"shard unit {u} is inside {r or 'the model'}, fastai's SentenceEncoder, which runs it once per bptt chunk: "
+                               "ranks with longer texts would all-gather it more often than the others and their collectives would not "
+                               f"match; shard {repr(r) if r else 'the model'} whole")
 
 # %% ../nbs/02h_shard.ipynb #729157e6
 def bcast(ts, src=0):
