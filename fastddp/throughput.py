@@ -137,9 +137,11 @@ class Throughput(Callback):
         "The last epoch's totals in one line"
         if not self.stats: return 'Throughput: no epoch trained'
         s = self.stats[-1]; o = s['total']
+        # a sharded model has no copy to time its RNN layers on (`uncounted_share`): no share
+        sh = '' if s['uncounted_share'] is None else f", {s['uncounted_share']:.0%} of the forward's time"
         mfu = (f"MFU {o['mfu']:.2g}" if o['mfu'] is not None
-               else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count, {s['uncounted_share']:.0%} of the forward's time)"
-               if s['uncounted'] else 'MFU unknown (a sharded model: its FLOPs are not counted)' if s.get('sharded')
+               else 'MFU unknown (a sharded model: its FLOPs are not counted)' if s.get('sharded')
+               else f"MFU unknown ({', '.join(s['uncounted'])}: no FLOP count{sh})" if s['uncounted']
                else 'MFU unknown (no peak for this device)')
         tok = f", {o['tokens_s']:.0f} tokens/s" if 'tokens_s' in o else ''
         return f"Throughput: {o['samples_s']:.1f} samples/s, {o['batches_s']:.2f} batches/s{tok}, {mfu}"
