@@ -106,7 +106,7 @@ def measured(tc:TimeCost):
                 sent=r0['comm'], grads=getattr(tc, 'grads', None) or [], hook=getattr(tc, 'hook', None),
                 psgd_start=getattr(tc, 'psgd_start', None), bucket_mb=getattr(tc, 'bucket_mb', None), steps=n,
                 buffers=getattr(tc, 'buf_bytes', 0) if getattr(tc, 'bcast', True) else 0,
-                samples_s=st['samples_per_s'], baseline=tc.baseline)
+                samples_s=st['samples_per_s'], baseline=tc.baseline, sharded=r0.get('sharded', False))
 
 # %% ../nbs/05c_forecast.ipynb #a8dead53
 def grad_bytes(grads, # `(shape, bytes per element)` of each gradient
@@ -159,10 +159,15 @@ def predict(m:dict, # `measured(tc)`
     # a rank's threads: as measured, at most its share of the cores (fastddp's launcher sets OMP_NUM_THREADS=1)
     thr = w.get('threads', min(m['threads'], max(1, m['cpus']//ranks)))
     res = dict(ranks=ranks, hosts=hosts, world=W, scaling=scaling, bs=b, global_bs=b*W*k, accum=k, assumptions=A, why=None)
+    none = dict.fromkeys(('samples_s','step_ms','speedup','efficiency','limit','ms'))
+    if m.get('sharded'):
+        why = ("a sharded run (FSDP2): its all-gathers and reduce-scatters ran inside forward and backward, where TimeCost cannot tell "
+               "them from compute; no forecast (forecast a run of the model under DDP where it fits)")
+        return {**res, **none, 'why': why}
     if not m['cuda'] and ranks*thr>m['cpus']:
         why = (f"{ranks} ranks{f' × {thr} threads' if thr>1 else ''} on {m['cpus']} CPUs: more than the cores would measure "
                "contention, not scaling; no forecast")
-        return {**res, **dict.fromkeys(('samples_s','step_ms','speedup','efficiency','limit','ms')), 'why': why}
+        return {**res, **none, 'why': why}
     # compute: per sample as measured; on a CPU, spread over the threads a rank gets
     ts = 1. if m['cuda'] else m['threads']/thr
     # DDP broadcasts the buffers from rank 0 before every forward (`broadcast_buffers`, on by default): a tree of ceil(log2 N)
@@ -376,7 +381,7 @@ def forecast(self:TimeCost,
              **what_ifs): # accum, comm_hook ('fp16', 'bf16', 'powersgd', None), bs, workers, threads, bucket_cap_mb, powersgd_start, steps
     "Samples/s, ms per step, speed-up and scaling efficiency at `ranks`×`hosts`, forecast from what this run measured"
     m = measured(self)
-    lk = self._link(m, ranks, hosts, link, latency)
+    lk = None if m.get('sharded') else self._link(m, ranks, hosts, link, latency) # no forecast: measure nothing
     if lk and not lk.get('own'): m['ddp'] = self._ddp(m) # over the run's own link, its all-reduce holds DDP's costs
     res = predict(m, ranks, hosts, lk, scaling, **what_ifs)
     res['link'] = link

@@ -14,6 +14,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from .core import *
 from .memory import rank_memory
+from .shard import is_sharded
 from .tune import tune_summary
 from .compile import n_compiles
 from torch.nn.parallel import DistributedDataParallel
@@ -192,7 +193,8 @@ class TimeCost(Callback):
                   cuda=self.clock.cuda, mem=self.mem or rank_memory(self.learn), compiled=np.array(self.compiled, bool),
                   compiles=n_compiles()-self.nc0, threads=torch.get_num_threads(), cpus=cpus()[0],
                   local_ws=int(os.environ.get('LOCAL_WORLD_SIZE') or 1) if dt else 1,
-                  syncs=st.syncs-(self.syncs0 or 0) if st is not None else 0, sync=np.array(self.sync))
+                  syncs=st.syncs-(self.syncs0 or 0) if st is not None else 0, sync=np.array(self.sync),
+                  sharded=is_sharded(self.learn.model))
         self.ranks = all_gather_list(me) if dt else [me]
         if not is_rank0(): return
         if self.show: print(self.report())
@@ -335,6 +337,9 @@ def report(self:TimeCost,
     ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} (batch {st['bs']} per rank){eff}",
            f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank "
            f"{st['straggler']})",
+           # FSDP2 all-gathers each unit's weights in its forward and backward and reduce-scatters in backward: no all-reduce to time
+           "communication: sharded (FSDP2): its all-gathers and reduce-scatters run inside forward and backward, not timed apart"
+           if self.ranks[0].get('sharded') else
            f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"
            +(f" ({st['comm_ms']:.1f} ms: {st['comm_mbit']:,.0f} Mbit/s effective)" if st['comm_mbit'] else '')]
     mem = [r['mem'] for r in self.ranks]

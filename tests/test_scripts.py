@@ -153,6 +153,8 @@ def test_script_shard(tmp_path):
     # a report per fit
     assert ("fastddp: sharded over 2 ranks" in rs.out
             and rs.out.count("memory per rank (MiB, live tensors): rank 0: parameters")==2)
+    # FSDP2's collectives are inside forward and backward: the report says so, where it would say 0 MiB all-reduced
+    assert rs.out.count("communication: sharded (FSDP2)")==2 and "MiB all-reduced per step" not in rs.out, rs.out[-3000:]
     p = subprocess.run([sys.executable, '-c', EVAL, str(tmp_path/'o'/'export.pkl'), 'pets', ''], capture_output=True, text=True,
                        cwd=tmp_path)
     assert p.returncode==0, p.stderr[-2000:]
