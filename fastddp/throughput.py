@@ -89,7 +89,10 @@ class Throughput(Callback):
         self.dev = learn_device(self.learn) # where it trains (the loaders' device may be a GPU the run does not use)
         self.peak_ = self.peak or device_peak(self.dtype, self.dev)
         self.share = None
-        self.mets = [ThroughputMetric(self, k) for k in ['samples_s']+(['mfu'] if self.peak_ and not uncounted(self.model_) else [])]
+        # a model sharded now, or by `distrib_ctx(shard=...)` after this: its FLOPs are not counted, so no MFU column of zeros
+        shard = is_sharded(self.model_) or any(cb.__dict__.get('shard') for cb in self.learn.cbs)
+        mfu = self.peak_ and not uncounted(self.model_) and not shard
+        self.mets = [ThroughputMetric(self, k) for k in ['samples_s']+(['mfu'] if mfu else [])]
         self.learn.metrics = L(self.learn.metrics)+self.mets # before `Recorder.before_fit` (order 50) names the columns
     def after_fit(self): self.learn.metrics = [o for o in self.learn.metrics if o not in self.mets]
     def before_train(self): self.n,self.nb,self.ntok,self.t0 = 0,0,0,None

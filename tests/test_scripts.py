@@ -149,6 +149,7 @@ def test_script_shard(tmp_path):
                    env={'FASTDDP_DATA': str(tmp_path/'data')})
     m = json.loads((tmp_path/'o'/'metrics.json').read_text())
     assert m['wrapper']=='FSDP' and m['world_size']==2
+    assert 'samples_s' in m['metrics'] and 'mfu' not in m['metrics'] # a sharded model's FLOPs are not counted: no MFU of 0
     assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n' # matplotlib drew the report
     # a report per fit
     assert ("fastddp: sharded over 2 ranks" in rs.out
