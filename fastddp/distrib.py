@@ -198,6 +198,13 @@ def _shard_dl(self:DistributedTrainer, dl, cls):
             raise DistribError("validation over a stream with shard=True is not supported yet: validate on a map-style loader (a list or a "
                                "Dataset with __getitem__)")
         return stream_dl(dl, exact=issubclass(cls, ExactDL), device=self.accelerator.device)
+    lm = getattr(sys.modules.get('fastai.text.data'), 'LMDataLoader', None) # loaded wherever such a loader exists
+    if lm is not None and isinstance(dl, lm):
+        # split by item, a batch's rows would come from other places of the stream than the RNN's state it carries from the last
+        raise DistribError("a language model's LMDataLoader cuts one stream of text into bs rows, each carrying the RNN's state to the "
+                           "next batch; fastai's DistributedDL would give each rank rows from elsewhere in the stream (rows of mixed "
+                           "lengths, states passed to the wrong text): not supported yet. Fine-tune the language model in one process, "
+                           "then the classifier on every rank")
     return dl if isinstance(dl, DistributedDL) else cls(dl, device=self.accelerator.device)
 
 # %% ../nbs/03_distrib.ipynb #273a7a3f
