@@ -35,6 +35,9 @@ class Sig(Callback):
             ck.mkdir(parents=True, exist_ok=True); (ck/'sent').touch(); os.kill(os.getppid(), sig)
     def after_epoch(self):
         if first and kill==f'{self.nf}.{self.epoch}' and rank()==1: os.kill(os.getpid(), signal.SIGKILL)
+if os.environ.get('AWD'): # a smaller AWD-LSTM (IMDB): the same layers, tied embedding and WeightDropout, a fifth of the work
+    from fastai.text.models.awdlstm import awd_lstm_clas_config
+    awd_lstm_clas_config.update(zip(('emb_sz', 'n_hid'), map(int, os.environ['AWD'].split(','))))
 _cbs,_fin = S.train_cbs,S.finish
 S.train_cbs = lambda *a, **k: _cbs(*a, **k)+[Sig()]
 def finish(learn, *a, **k):
@@ -49,11 +52,13 @@ def _run(tmp_path, name, args, launcher='fastddp', env=None, **kw):
     return run_ranks(WRAP, n=2, launcher=launcher, args=[ROOT/'scripts'/f'{name}_ddp.py', *args, '--checkpoint', tmp_path/name],
                      env={'FASTDDP_DATA': str(tmp_path.parent/'data'), **(env or {})}, timeout=600, **kw)
 
-def _same(rs, ref):
-    "Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so do its step count and the recorder's rows"
+def _same(rs, ref, timed=False):
+    ("Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so do its step count and the recorder's rows "
+     "(less their last column where `timed`: the samples/s that --time-cost adds)")
     for o,r in zip(rs, ref):
         assert o['ti']==r['ti'], (o['ti'], r['ti'])
-        assert o['hist']==r['hist'], (o['hist'], r['hist']) # train_loss (smoothed over the fit), valid_loss, metrics
+        h,hr = ([x[:-1] for x in o['hist']],[x[:-1] for x in r['hist']]) if timed else (o['hist'],r['hist'])
+        assert h==hr, (h, hr) # train_loss (smoothed over the fit), valid_loss, metrics
         bad = [k for k in r['sd'] if not torch.equal(o['sd'][k], r['sd'][k])]
         assert not bad, f"differ: {bad[:5]}, largest {max((o['sd'][k].float()-r['sd'][k].float()).abs().max().item() for k in bad):.3g}"
 
@@ -101,21 +106,26 @@ def test_pets(tmp_path, marker):
     assert not wait_gone(marker, 10)
 
 def test_imdb(tmp_path, marker):
-    ("imdb_ddp.py (IMDB sample, generated: fastai's SortedDL shuffles with np.random; AWD-LSTM's dropouts): SIGTERM to torchrun "
-     "mid-epoch in the first (frozen) fit; the same command resumes there and ends bit-equal; --shard ends there too")
-    args = ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained', marker]
-    ref = _run(tmp_path/'ref', 'imdb', args+['--out', tmp_path/'out'], launcher='torchrun')
+    ("imdb_ddp.py (IMDB sample, generated: fastai's SortedDL shuffles with np.random; AWD-LSTM's dropouts) with --time-cost: "
+     "SIGTERM to torchrun mid-epoch in the first (frozen) fit; the same command resumes there and ends bit-equal; --shard ends there too")
+    # --time-cost in every run: its `Throughput` times the AWD-LSTM's share of the forward on a copy, which a plain `deepcopy` refused
+    # (fastai's `WeightDropout`); it adds a samples/s column, a timing, to the recorder's rows: `_same` compares them less that column
+    args = ['--sample', '--synthetic', '100', '--bs', '8', '--no-pretrained', '--time-cost', marker]
+    # embeddings of 128, LSTMs of 512 (fastai's: 400, 1152): two of the LSTMs still hold over a million parameters, a shard unit's
+    # least, so that without the rule below they would be units inside the encoder
+    run = lambda d, *a, env={}, **kw: _run(tmp_path/d, 'imdb', *a, launcher='torchrun', env={'AWD': '128,512', **env}, **kw)
+    ref = run('ref', args+['--out', tmp_path/'out'])
     check_run('imdb', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under torchrun
+    assert ref.out.count("MFU unknown (LSTM: no FLOP count")==2, ref.out[-3000:] # the report of each of fine_tune's fits
     # --shard (FSDP2) ends where DDP does, bit for bit at 2 ranks: fastai's SentenceEncoder runs the AWD-LSTM once per bptt chunk,
     # a different number of times on each rank, so it is sharded whole (inner units' all-gathers would not match: it crashed)
-    # (with --time-cost, whose report crashed on a sharded LSTM: no copy to time its share of the forward on)
-    sh = _run(tmp_path/'s', 'imdb', args+['--shard', '--time-cost'], launcher='torchrun')
+    # (the time cost's report crashed on a sharded LSTM: no copy to time its share of the forward on)
+    sh = run('s', args+['--shard'])
     assert "fastddp: sharded over 2 ranks in 2 units" in sh.out, sh.out[-3000:]
     assert sh.out.count("MFU unknown (a sharded model: its FLOPs are not counted)")==2, sh.out[-3000:] # each fit's report
-    for o in sh: o['hist'] = [h[:-1] for h in o['hist']] # less the samples/s column --time-cost adds
-    _same(sh, ref)
-    rs = _run(tmp_path/'a', 'imdb', args, launcher='torchrun', env=dict(AT='0.0.1', SIG='SIGTERM'), check=False)
+    _same(sh, ref, timed=True)
+    rs = run('a', args, env=dict(AT='0.0.1', SIG='SIGTERM'), check=False)
     _stopped(rs, None, tmp_path/'a'/'imdb', '0.0')
-    again = _run(tmp_path/'a', 'imdb', args, launcher='torchrun')
-    _same(again, ref); _resumed(again)
+    again = run('a', args)
+    _same(again, ref, timed=True); _resumed(again)
     assert not wait_gone(marker, 10)
