@@ -1,6 +1,12 @@
 import os, sys, time, subprocess, tempfile, uuid, pytest, psutil
 from pathlib import Path
 
+# Two pytest-xdist workers share the cores, and most tests start processes of their own. An OpenMP thread waiting for work spins
+# (libgomp's default) and burns the cores the other worker's processes need: waiting threads sleep instead. Measured: a one-process
+# run of the pets script beside two busy cores took 23.7 s of CPU with spinning threads, 8.8 s without. No number depends on it.
+# Set before anything here loads torch; every process a test starts inherits it
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 
