@@ -505,7 +505,7 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
 @patch
 @contextmanager
 @delegates(DistributedTrainer.__init__)
-def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Started by `notebook_launcher`: join and leave the group here
+def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Started by `notebook_launcher`: join the group here
         # `torch.compile` the model in place: True, 'try' (eager when it cannot) or a dict (`backend`, `mode`, `dynamic`, ...); see
         # `fastddp.compile`
         compile=None,
@@ -515,13 +515,14 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     use_slurm()
     check_args(self.model, sync_bn=sync_bn, **kwargs)
     backend = kwargs.get('backend')
-    cleanup,ok = False,False
+    ok = False
     if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
     cc = compile_cb(compile, kwargs, 'cuda' if on_gpu(check_backend(backend)) else 'cpu') # at any world size; undone at exit
     try:
+        # joined once, left when the process ends (fastai leaves at each context's end: a rank that reached a second context while
+        # rank 0 still worked in the first met the group rank 0 was leaving, and crashed)
         if in_notebook and world_size()>1 and not dist.is_initialized():
             setup_distrib(backend=backend)
-            cleanup = dist.is_initialized()
             rank0_print("Training Learner...")
         if cc is not None: self.add_cb(cc)
         if num_distrib(): self.to_distributed(sync_bn=sync_bn, **kwargs)
@@ -536,7 +537,6 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     finally:
         self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective
         if cc is not None: self.remove_cb(cc); cc.undo() # the learner leaves with its eager model (fastai's export, pickle)
-        if cleanup: teardown_distrib()
 
 # %% ../nbs/03_distrib.ipynb #d99f3a5f
 _pt_before_fit = ParallelTrainer.before_fit

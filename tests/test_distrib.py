@@ -1,5 +1,5 @@
 "Foundation: `learn.distrib_ctx()` trains data-parallel on gloo with every launcher, and gives one process's weights"
-import pytest, re
+import math, pytest, re
 from fastddp.launch import free_port
 from fastddp.testing import run_ranks
 
@@ -191,28 +191,75 @@ def test_vision_tabular():
     assert all(o['vis_loss']==o['vis_loss'] and o['tab_loss']==o['tab_loss'] for o in rs) # no NaN
     assert rs.out.count("sync_bn is off on CPU")==1, rs.out[-2000:]
 
+# fastai's notebook of distributed examples (nbs/examples/distributed_app_examples.ipynb): the segmentation, collaborative filtering
+# and keypoint learners, as written there, on small data generated in the shape of CAMVID_TINY, ML_SAMPLE and BIWI_HEAD_POSE (made
+# before the launch, as `untar_data` runs there); its image and text classifiers and its tabular learner: the scripts
 NOTEBOOK = '''
-import sys
+import sys, time
 import fastddp
 from accelerate import notebook_launcher
-from fastai.basics import *
+from fastai.vision.all import *
+from fastai.collab import *
 from fastai.distributed import *
 from fastddp.core import world_size
 from fastddp.testing import report
+root,rng = Path(sys.argv[2]),np.random.default_rng(0)
+seg,pts = root/'camvid_tiny',root/'biwi'
+for d in (seg/'images', seg/'labels', pts/'01', pts/'13'): d.mkdir(parents=True)
+for i in range(16): # a bright square (code 1) and a red one (code 2) on noise
+    m = np.zeros((32,32), np.uint8); r = rng.integers(4, 16); m[:r,:r] = 1; m[-r:,-r:] = 2
+    img = (rng.random((32,32,3))*60).astype(np.uint8); img[m==1] += 150; img[m==2,0] = 250
+    PILImage.create(img).save(seg/'images'/f'im{i:02d}.png'); PILMask.create(m).save(seg/'labels'/f'im{i:02d}_P.png')
+np.savetxt(seg/'codes.txt', np.array(['Void','Sky','Car']), fmt='%s')
+for i in range(24): # a white dot; its centre in a `_pose.txt` beside the image
+    x,y = rng.integers(4, 28, 2); img = np.zeros((32,32,3), np.uint8); img[y-2:y+2,x-2:x+2] = 255
+    f = pts/('13' if i>=18 else '01')/f'frame_{i:05d}_rgb.png'; PILImage.create(img).save(f)
+    Path(str(f)[:-7]+'pose.txt').write_text(f"{x} {y}")
+ratings = pd.DataFrame({'userId': rng.integers(0, 30, 600), 'movieId': rng.integers(0, 40, 600),
+                        'rating': rng.integers(1, 6, 600).astype(float), 'timestamp': rng.integers(0, 10**9, 600)})
+
 def train():
     x = torch.randn(8,2); dsets = list(zip(x, x.sum(1, keepdim=True)))
     torch.manual_seed(0)
     learn = Learner(DataLoaders(DataLoader(dsets, bs=2), DataLoader(dsets, bs=2), device='cpu'), nn.Linear(2,1), loss_func=MSELossFlat())
     with learn.distrib_ctx(in_notebook=True): learn.fit(1)
     report(w=learn.model.weight.detach().clone(), ws=world_size(), pg=torch.distributed.is_initialized())
+    if world_size()>1 and torch.distributed.get_rank()==0: time.sleep(2) # busy after a context: the other rank starts the next
+    set_seed(0)
+    dls = SegmentationDataLoaders.from_label_func(seg, bs=4, fnames=get_image_files(seg/'images'),
+                                                  label_func=lambda o: seg/'labels'/f'{o.stem}_P{o.suffix}',
+                                                  codes=np.loadtxt(seg/'codes.txt', dtype=str))
+    learn = unet_learner(dls, resnet18, pretrained=False)
+    with learn.distrib_ctx(in_notebook=True, sync_bn=False): learn.fine_tune(1)
+    report(seg=learn.recorder.values, seg_model=type(learn.model).__name__)
+    set_seed(0)
+    learn = collab_learner(CollabDataLoaders.from_df(ratings, bs=32), y_range=(0.5,5.5))
+    with learn.distrib_ctx(in_notebook=True): learn.fine_tune(2)
+    report(collab=learn.recorder.values, collab_one=list(learn.validate())) # after the context: one process's evaluation
+    set_seed(0)
+    def get_ctr(f): return tensor([float(o) for o in Path(str(f)[:-7]+'pose.txt').read_text().split()])
+    biwi = DataBlock(blocks=(ImageBlock, PointBlock), get_items=get_image_files, get_y=get_ctr,
+                     splitter=FuncSplitter(lambda o: o.parent.name=='13'),
+                     batch_tfms=[*aug_transforms(size=(32,32)), Normalize.from_stats(*imagenet_stats)])
+    learn = vision_learner(biwi.dataloaders(pts, bs=4), resnet18, y_range=(-1,1), pretrained=False)
+    with learn.distrib_ctx(in_notebook=True, sync_bn=False): learn.fine_tune(1)
+    report(pts=learn.recorder.values)
 notebook_launcher(train, num_processes=2, use_port=sys.argv[1])
 '''
 
-def test_notebook_launcher():
-    "`distrib_ctx(in_notebook=True)` under Accelerate's `notebook_launcher` on CPU"
-    rs = run_ranks(NOTEBOOK, n=2, args=[free_port()], launcher='python')
-    assert [o['ws'] for o in rs]==[2,2] and not any(o['pg'] for o in rs) # the context left the group it joined
+def test_notebook_launcher(tmp_path):
+    ("`distrib_ctx(in_notebook=True)` under Accelerate's `notebook_launcher` on CPU; in the same function, the segmentation, "
+     "collaborative filtering and keypoint examples of fastai's notebook of distributed examples, the first started while rank 0 "
+     "is still busy after the first context")
+    rs = run_ranks(NOTEBOOK, n=2, args=[free_port(), tmp_path], launcher='python')
+    assert [o['ws'] for o in rs]==[2,2] and all(o['pg'] for o in rs) # the context joined the group; the processes leave it at the end
     assert (rs[0]['w']-rs[1]['w']).abs().max()<1e-6
+    for k,n in (('seg', 1), ('collab', 2), ('pts', 1)): # fine_tune's last fit: its epochs, the same numbers on every rank
+        v = rs[0][k]
+        assert len(v)==n and rs[1][k]==v and all(math.isfinite(x) for row in v for x in row), (k, v, rs[1][k])
+    assert rs[0]['seg_model']=='DynamicUnet'
+    # the validation loss recorded under DDP is one process's evaluation of the weights it ended with
+    assert all(abs(o['collab'][-1][1]-o['collab_one'][0])<1e-5 for o in rs), [(o['collab'][-1], o['collab_one']) for o in rs]
 
 def test_bad_use():
     "No GPU visible, and nccl without CUDA, give one clear message; a task that sees one GPU uses it whatever its local rank"
