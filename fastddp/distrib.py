@@ -470,10 +470,18 @@ def plain_loss(lf, on:bool=True):
 from .prefetch import Prefetch
 @patch
 @delegates(DistributedTrainer.__init__)
-def to_distributed(self:Learner, **kwargs):
+def to_distributed(self:Learner,
+                   sync_bn:bool=None, # Replace BatchNorm with `SyncBatchNorm`; None: yes on several GPUs, no on CPU
+                   **kwargs):
     "Add a `DistributedTrainer` to train data-parallel, replacing one added before"
+    # `sync_bn` first, as fastai has it (`learn.to_distributed(True)`), with `DistributedTrainer`'s doc
+    if isinstance(sync_bn, int) and not isinstance(sync_bn, bool): # `learn.to_distributed(gpu)`, fastai's examples before 2.7
+        # read as sync_bn it would differ between ranks (0 on GPU 0, 1 on the others): SyncBatchNorm on some ranks only, a hang
+        warn_once(f"to_distributed({sync_bn}): since fastai 2.7 the first argument is sync_bn; an integer is read as the old cuda_id, "
+                  "and each rank's GPU comes from LOCAL_RANK")
+        sync_bn = None
     self.detach_distributed() # a second call replaces the trainer (and its watchdog and tuner) with one of the new settings
-    self.add_cb(DistributedTrainer(**kwargs))
+    self.add_cb(DistributedTrainer(sync_bn=sync_bn, **kwargs))
     _cache_dispatch(self)
     if kwargs.get('prefetch', True): self.add_cb(Prefetch()) # on a GPU: the next batch's copy beside this step (a no-op on CPU)
     if kwargs.get('tune'): self.add_cb(Tune())

@@ -177,19 +177,29 @@ tdl = TabularDataLoaders.from_df(df, procs=[Categorify, Normalize], cat_names=['
 tl = tabular_learner(tdl, layers=[8], metrics=accuracy)
 with tl.distrib_ctx(): tl.fit(1, 1e-2)
 report(tab=[p.detach().clone() for p in tl.model.parameters()], tab_loss=tl.recorder.values[-1][1])
+# fastai's nbs/examples/train_imagenette.py: an xresnet with self-attention and Mish, ranger, label smoothing, to_fp16, MixUp,
+# fit_flat_cos, and `learn.to_distributed(gpu)`, written when the first argument was the GPU (fastai <2.7): an int, read as such
+xl = Learner(dls, xresnet18(n_out=2, act_cls=Mish, sa=1, pool=MaxPool), opt_func=partial(ranger, mom=0.9, sqr_mom=0.99, eps=1e-6, beta=0.),
+             metrics=accuracy, loss_func=LabelSmoothingCrossEntropy()).to_fp16()
+xl.to_distributed(local_rank())
+xl.fit_flat_cos(1, 1e-2, wd=1e-2, cbs=MixUp(0.2))
+xl.detach_distributed()
+report(xres=[p.detach().clone() for p in xl.model.parameters()], xres_loss=xl.recorder.values[-1][1])
 '''
 
 def test_vision_tabular():
-    "A resnet with BatchNorm and a tabular learner train under 2-process DDP with default arguments; sync_bn is off on CPU, said once"
+    ("A resnet with BatchNorm, a tabular learner and fastai's train_imagenette.py train under 2-process DDP with default arguments; "
+     "sync_bn is off on CPU, said once; `to_distributed(gpu)` of fastai <2.7 reads the int as the GPU, said once")
     rs = run_ranks(VISION_TAB, n=2, launcher='fastddp')
     import torch
     # every parameter tensor equal on both ranks: DDP gives each the same averaged gradients (BatchNorm's running
     # statistics are buffers, per rank on CPU, and not compared)
-    for k in ('vision','tab'):
+    for k in ('vision','tab','xres'):
         a,b = rs[0][k],rs[1][k]
         assert len(a)==len(b)>0 and all(torch.equal(x,y) for x,y in zip(a,b)), k
-    assert all(o['vis_loss']==o['vis_loss'] and o['tab_loss']==o['tab_loss'] for o in rs) # no NaN
+    assert all(o['vis_loss']==o['vis_loss'] and o['tab_loss']==o['tab_loss'] and o['xres_loss']==o['xres_loss'] for o in rs) # no NaN
     assert rs.out.count("sync_bn is off on CPU")==1, rs.out[-2000:]
+    assert rs.out.count("to_distributed(0): since fastai 2.7 the first argument is sync_bn")==1, rs.out[-2000:]
 
 # fastai's notebook of distributed examples (nbs/examples/distributed_app_examples.ipynb): the segmentation, collaborative filtering
 # and keypoint learners, as written there, on small data generated in the shape of CAMVID_TINY, ML_SAMPLE and BIWI_HEAD_POSE (made
