@@ -261,7 +261,7 @@ for c in (None, dict(backend='inductor')):
     l = learner(3*2*16, 16, 16) # 3 steps
     with l.distrib_ctx(compile=c): l.fit(1)
     report(**{f'w3_{bool(c)}': [p.detach().clone() for p in l.model.parameters()]})
-for c in (None, dict(backend='inductor')):
+for c in ((None, dict(backend='inductor')) if int(sys.argv[2]) else ()): # (n=0: the 3 steps alone)
     l = learner(int(sys.argv[2]), 100, 16) # a short last batch, two epochs
     with l.distrib_ctx(compile=c): l.fit(2)
     report(**{f'fit_{bool(c)}': dict(vals=l.recorder.values)})
@@ -273,8 +273,9 @@ def _inductor(tmp_path, arch, n, opt='adam', tol=1e-5, max_compiles=4):
     for r in rs:
         d = max(float((a-b).abs().max()) for a,b in zip(r['w3_True'], r['w3_False']))
         assert d<=tol, d # 3 steps at 2 ranks
-        c,e = r['fit_True'],r['fit_False']
         assert 0<r['compiles']<=max_compiles, r['compiles'] # training, validation (a short last batch in both: no recompile)
+        if not n: continue
+        c,e = r['fit_True'],r['fit_False']
         for vc,ve in zip(c['vals'], e['vals']):
             # losses within 0.1%, accuracy within 2 points
             assert (abs(vc[0]-ve[0])<=1e-3*abs(ve[0]) and abs(vc[1]-ve[1])<=1e-3*abs(ve[1])
@@ -288,11 +289,13 @@ def test_inductor_tabular(tmp_path):
 
 @pytest.mark.slow
 def test_inductor_resnet18(tmp_path):
-    "resnet18 with inductor at 2 ranks (about a minute of compiling per rank): the same checks, with SGD"
+    "resnet18 with inductor at 2 ranks (about 50 s of compiling per rank), SGD: weights within 1e-3 of eager after 3 steps"
     # with Adam the weights differed by 4e-3 after 3 steps (measured): its first steps move every weight by about lr whatever
     # the gradient's size, so a gradient near zero whose sign rounding flips moves 2 lr apart. With SGD: 1.4e-4 (measured), BatchNorm
     # over 16 samples of 1x1 maps in the last blocks amplifying the kernels' rounding: the bound is 1e-3 here
-    _inductor(tmp_path, 'resnet18', 90, 'sgd', 1e-3, 8) # 8 compiles measured, with fail_on_recompile_limit_hit on
+    # its 3 steps and their validation alone: 6 compiles (measured), where the two epochs after them made 8 and cost a third of its
+    # CPU time (157 s to 109 s); their short last batches, losses and recompiles are checked by the tabular test
+    _inductor(tmp_path, 'resnet18', 0, 'sgd', 1e-3, 6)
 
 # GPU-only paths: CUDA graphs (mode='reduce-overhead') and autotuned kernels (mode='max-autotune'), not run on the CPU machines
 CUDA = '''

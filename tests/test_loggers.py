@@ -73,7 +73,8 @@ def _expected(rs):
     vals,_,_ = smoothed(raw, torch.tensor(0.), 0)
     return [float(o) for o in vals],raw.tolist()
 
-@pytest.mark.parametrize('n', [2,3])
+# 3 ranks only: an uneven split, and everything 2 would check (a launch of 2 more was 33 s of the suite)
+@pytest.mark.parametrize('n', [3])
 def test_loggers(tmp_path, n):
     rs = run_ranks(LG, n=n, args=[tmp_path, 3], env={'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}, timeout=300)
     r0 = rs[0]

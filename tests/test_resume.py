@@ -33,8 +33,9 @@ class Sig(Callback):
         time.sleep(0.02) # slow enough for a signal to land in the epoch it was sent in
         if first and at==f'{self.nf}.{self.epoch}.{self.iter}' and rank()==0:
             ck.mkdir(parents=True, exist_ok=True); (ck/'sent').touch(); os.kill(os.getppid(), sig)
-    def after_epoch(self):
-        if first and kill==f'{self.nf}.{self.epoch}' and rank()==1: os.kill(os.getpid(), signal.SIGKILL)
+    def after_epoch(self): # on the launcher's first attempt, whether or not this run resumed
+        if kill==f'{self.nf}.{self.epoch}' and rank()==1 and os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')=='0':
+            os.kill(os.getpid(), signal.SIGKILL)
 if os.environ.get('AWD'): # a smaller AWD-LSTM (IMDB): the same layers, tied embedding and WeightDropout, a fifth of the work
     from fastai.text.models.awdlstm import awd_lstm_clas_config
     awd_lstm_clas_config.update(zip(('emb_sz', 'n_hid'), map(int, os.environ['AWD'].split(','))))
@@ -52,15 +53,20 @@ def _run(tmp_path, name, args, launcher='fastddp', env=None, **kw):
     return run_ranks(WRAP, n=2, launcher=launcher, args=[ROOT/'scripts'/f'{name}_ddp.py', *args, '--checkpoint', tmp_path/name],
                      env={'FASTDDP_DATA': str(tmp_path.parent/'data'), **(env or {})}, timeout=600, **kw)
 
-def _same(rs, ref, timed=False):
-    ("Every rank's weights and buffers equal the uninterrupted run's, bit for bit, and so do its step count and the recorder's rows "
-     "(less their last column where `timed`: the samples/s that --time-cost adds)")
-    for o,r in zip(rs, ref):
-        assert o['ti']==r['ti'], (o['ti'], r['ti'])
+def _diff(rs, ref, timed=False):
+    ("How the ranks' weights and buffers, step count and recorder rows (less their last column where `timed`: the samples/s that "
+     "--time-cost adds) differ from the uninterrupted run's; None where they are equal bit for bit")
+    for i,(o,r) in enumerate(zip(rs, ref)):
+        if o['ti']!=r['ti']: return f"rank {i}: step {o['ti']}, not {r['ti']}"
         h,hr = ([x[:-1] for x in o['hist']],[x[:-1] for x in r['hist']]) if timed else (o['hist'],r['hist'])
-        assert h==hr, (h, hr) # train_loss (smoothed over the fit), valid_loss, metrics
+        if h!=hr: return f"rank {i}: recorder {h}, not {hr}" # train_loss (smoothed over the fit), valid_loss, metrics
         bad = [k for k in r['sd'] if not torch.equal(o['sd'][k], r['sd'][k])]
-        assert not bad, f"differ: {bad[:5]}, largest {max((o['sd'][k].float()-r['sd'][k].float()).abs().max().item() for k in bad):.3g}"
+        if bad: return (f"rank {i}: {bad[:5]} differ, "
+                        f"largest {max((o['sd'][k].float()-r['sd'][k].float()).abs().max().item() for k in bad):.3g}")
+
+def _same(rs, ref, timed=False):
+    d = _diff(rs, ref, timed)
+    assert d is None, d
 
 def _stopped(rs, code, ck, where):
     "The first run stopped with `code` (None: any but 0, as torchrun's), its checkpoint written mid-epoch `where` ('F.E': fit F, epoch E)"
@@ -76,19 +82,20 @@ def _resumed(rs):
     assert not re.search(r"(^|\s)0\s+00:00", rs.out), rs.out[-3000:] # no empty row for an epoch done before the restart
 
 def test_tabular(tmp_path, marker):
-    ("tabular_ddp.py (fastai's tabular loader draws each epoch's order from np.random): SIGTERM to fastddp-launch mid-epoch, and "
-     "rank 1 SIGKILLed after an epoch's checkpoint under --max-restarts 1: each run resumes bit-equal")
+    ("tabular_ddp.py (fastai's tabular loader draws each epoch's order from np.random): SIGTERM to fastddp-launch mid-epoch; the same "
+     "command under --max-restarts 1 resumes, and rank 1 is SIGKILLed after the next epoch's checkpoint: the restart resumes again "
+     "and ends bit-equal")
     args = ['--synthetic', '400', '--bs', '16', '--epochs', '3', marker] # 10 steps an epoch
     ref = _run(tmp_path/'ref', 'tabular', args+['--out', tmp_path/'out'])
     check_run('tabular', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under fastddp-launch
     rs = _run(tmp_path/'a', 'tabular', args, env=dict(AT='0.1.3', SIG='SIGTERM'), check=False)
-    _stopped(rs, PREEMPTED, tmp_path/'a'/'tabular', '0.1')
+    it = _stopped(rs, PREEMPTED, tmp_path/'a'/'tabular', '0.1')
     assert not wait_gone(marker, 10)
-    again = _run(tmp_path/'a', 'tabular', args)
+    again = _run(tmp_path/'a', 'tabular', args, largs=['--max-restarts', '1'], env=dict(KILL='0.1'))
     _same(again, ref); _resumed(again)
-    rs = _run(tmp_path/'c', 'tabular', args, largs=['--max-restarts', '1'], env=dict(KILL='0.0'))
-    assert "resuming from" in rs.out and "ckpt_e0001_s000000.pth (epoch 1 of 3, step 0)" in rs.out, rs.out[-3000:]
-    _same(rs, ref)
+    # first from the mid-epoch checkpoint, then, after the kill, from the one at epoch 1's end
+    m = re.findall(r"resuming from \S+ckpt_(e\d+_s\d+)\.pth", again.out)
+    assert m==[f'e0001_s{it:06d}', 'e0002_s000000'], (m, again.out[-3000:])
     assert not wait_gone(marker, 10)
 
 def test_pets(tmp_path, marker):
@@ -123,9 +130,12 @@ def test_imdb(tmp_path, marker):
     sh = run('s', args+['--shard'])
     assert "fastddp: sharded over 2 ranks in 2 units" in sh.out, sh.out[-3000:]
     assert sh.out.count("MFU unknown (a sharded model: its FLOPs are not counted)")==2, sh.out[-3000:] # each fit's report
-    _same(sh, ref, timed=True)
     rs = run('a', args, env=dict(AT='0.0.1', SIG='SIGTERM'), check=False)
     _stopped(rs, None, tmp_path/'a'/'imdb', '0.0')
     again = run('a', args)
-    _same(again, ref, timed=True); _resumed(again)
+    _resumed(again)
+    # (the uninterrupted run differed from the --shard one once, in a whole suite on an Intel Xeon, and in none of 24 runs since: the
+    # message says which run is the odd one out)
+    d = dict(shard=_diff(sh, ref, True), resumed=_diff(again, ref, True))
+    assert d==dict(shard=None, resumed=None), {**d, 'the shard and resumed runs agree': _diff(again, sh, True) is None}
     assert not wait_gone(marker, 10)

@@ -58,15 +58,18 @@ def test_bad_input(tmp_path):
     assert p.returncode==2 and f"--data {tmp_path}" in p.stderr.splitlines()[-1] and "images" in p.stderr.splitlines()[-1]
 
 def test_script_checkpoint(tmp_path):
-    "--checkpoint DIR saves every epoch and the next run resumes from it; --no-resume starts over"
+    ("--checkpoint DIR saves every epoch and the next run resumes from it; --no-resume starts over (with --dp: DataParallel, under "
+     "fastai's `parallel_ctx`, a pass-through on a CPU, says so)")
     base = [sys.executable, str(S/'tabular_ddp.py'), '--synthetic', '400', '--checkpoint', str(tmp_path/'ck')]
     env = {**__import__('os').environ, 'FASTDDP_DATA': str(tmp_path/'data')}
     p = subprocess.run(base+['--epochs', '2'], capture_output=True, text=True, env=env)
     assert p.returncode==0 and sorted(o.name for o in (tmp_path/'ck').iterdir())==['ckpt_e0001_s000000.pth', 'ckpt_e0002_s000000.pth']
     p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" in p.stdout+p.stderr and "ckpt_e0002_s000000.pth" in p.stdout+p.stderr
-    p = subprocess.run(base+['--epochs', '1', '--no-resume'], capture_output=True, text=True, env=env)
-    assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr
+    p = subprocess.run(base+['--epochs', '1', '--no-resume', '--dp', '--out', str(tmp_path/'o')], capture_output=True, text=True, env=env)
+    assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr, p.stderr[-2000:]
+    assert json.loads((tmp_path/'o'/'metrics.json').read_text())['wrapper']=='DataParallel'
+    assert "DataParallel without a GPU is a pass-through" in p.stdout+p.stderr
 
 def test_script_flags(tmp_path):
     "--fp16 (bfloat16 on CPU), --scale-lr, --accum, --comm-hook and --time-cost reach the training, under 2 ranks"
@@ -86,13 +89,6 @@ def test_script_flags(tmp_path):
     assert rs.out.count("time cost: 2 ranks")==1 and "rank 1: mean" in rs.out and "throughput:" in rs.out and "model FLOPs: " in rs.out
     assert (tmp_path/'o'/'time_cost.png').read_bytes()[:8]==b'\x89PNG\r\n\x1a\n'
 
-
-def test_script_dp(tmp_path):
-    "--dp trains under fastai's `parallel_ctx`: DataParallel, a pass-through on a CPU, says so"
-    rs = run_ranks(str(S/'tabular_ddp.py'), n=1, launcher='python', args=['--synthetic', '400', '--dp', '--out', tmp_path/'o'],
-                   env={'FASTDDP_DATA': str(tmp_path/'data')})
-    assert json.loads((tmp_path/'o'/'metrics.json').read_text())['wrapper']=='DataParallel'
-    assert "DataParallel without a GPU is a pass-through" in rs.out
 
 OFFLINE = {'https_proxy': 'http://127.0.0.1:9', 'HTTPS_PROXY': 'http://127.0.0.1:9'} # a closed port: no server, online or not
 

@@ -121,11 +121,13 @@ def test_shard_equals_ddp(shard_ranks):
     ws,_,rs = shard_ranks
     # at 2 ranks a sum of two rounds the same in any order: bit-identical. At 3 FSDP2 averages after summing, DDP divides
     # first: rounding, which Adam scales up in parameters whose gradients are near 0 (BatchNorm biases). Measured on the
-    # resnet18 below: 2.2e-6 from DDP, while DDP with 1 MiB buckets is 1.6e-6 from DDP with its default buckets.
-    tol = 0 if ws==2 else 1e-5
+    # resnet18 below: 2.2e-6 from DDP, while DDP with 1 MiB buckets is 1.6e-6 from DDP with its default buckets (AMD EPYC, AVX2);
+    # on an Intel Xeon with AVX512 1.97e-5 and 9.8e-5: the CPU's kernels set the size of rounding, so the bound is DDP's own
     for r in rs:
         for a,b in [('adam_shard','adam_ddp'), ('adam_grads','adam_ddp'), ('adamw_shard','adamw_ddp'), ('adamw_grads','adamw_ddp'),
                     ('sgd_shard','sgd_ddp'), ('ranger_shard','ranger_ddp'), ('acc_shard','acc_ddp'), ('ft_shard','ft_ddp')]:
+            # (the MLPs: 2.5e-7 at most on either CPU)
+            tol = 0 if ws==2 else max(1e-5, 2*_rel(r['ft_ddp1mb']['w'], r['ft_ddp']['w']) if a=='ft_shard' else 0)
             assert _rel(r[a]['w'], r[b]['w'])<=tol, (a, _rel(r[a]['w'], r[b]['w']))
             # BatchNorm statistics amplify the weights' rounding: at most twice what DDP's own reduction order does to them
             assert (_rel(r[a]['bufs'], r[b]['bufs'])
