@@ -9,7 +9,7 @@ __all__ = ['PREEMPTED', 'LaunchError', 'parse_gpus', 'plan_procs', 'port_free', 
            'launch_config', 'wait_master', 'Forward', 'launch', 'main']
 
 # %% ../nbs/01_launch.ipynb #14b49b4b
-import os, sys, socket, argparse, shlex, signal, subprocess, tempfile, uuid, time, threading
+import os, sys, socket, argparse, shlex, shutil, signal, subprocess, tempfile, uuid, time, threading
 from pathlib import Path
 from .core import *
 
@@ -123,7 +123,7 @@ def _parser():
     p.add_argument('--master-addr', default='127.0.0.1', help="address of the machine with node rank 0")
     p.add_argument('--master-port', type=int, default=None, help="port on that machine (default: a free one, single node only)")
     p.add_argument('--iface', default=None, help="network interface to the other nodes (default: the one that reaches --master-addr)")
-    p.add_argument('--log-dir', default=None, help="folder for each rank's log files (default: a temporary folder)")
+    p.add_argument('--log-dir', default=None, help="folder for the ranks' log files, kept (default: a temporary one, removed at the end)")
     p.add_argument('script', help="the training script")
     p.add_argument('args', nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -225,6 +225,15 @@ def _kill(p, s, group=False):
 def launch(argv=None):
     "Parse `argv`, start the workers and wait for them; return the exit code"
     a = _parser().parse_args(argv)
+    if a.log_dir is not None: return _launch(a)
+    # torch's agent would make a folder in /tmp for the ranks' log files at every run and leave it there (torchrun does): one of
+    # fastddp's instead, removed when the run ends (the console showed what the files hold; the failures are read before)
+    a.log_dir = tempfile.mkdtemp(prefix='fastddp-launch-')
+    try: return _launch(a)
+    finally: shutil.rmtree(a.log_dir, ignore_errors=True)
+
+def _launch(a):
+    "`launch` for the parsed arguments `a`"
     _import_torch()
     try: cfg,msg = launch_config(a)
     except LaunchError as e:

@@ -50,12 +50,16 @@ def test_signal_stops_all(sig, marker):
     assert not wait_gone(marker, 30)
 
 @pytest.mark.smoke
-def test_ranks_and_prefixes(marker):
-    "Every rank runs; lines of ranks other than 0 are prefixed; a busy 29500 does not matter when no port is given"
+def test_ranks_and_prefixes(marker, tmp_path):
+    ("Every rank runs; lines of ranks other than 0 are prefixed; a busy 29500 does not matter when no port is given; "
+     "no folder of log files is left in the temporary folder")
     with socket.socket() as s:
         try: s.bind(('127.0.0.1', 29500)); s.listen()
         except OSError: pass # already busy: all the better
-        rs = run_ranks(LOOP, n=2, args=[marker, 'run', 10])
+        rs = run_ranks(LOOP, n=2, args=[marker, 'run', 10], env={'TMPDIR': str(tmp_path)})
+    # torch's agent left one (`torchelastic_*`) at every run
+    left = [o.name for o in tmp_path.iterdir() if o.name.startswith(('torchelastic_', 'fastddp-launch-'))]
+    assert not left, left
     assert [o['ws'] for o in rs]==[2,2] and all(o['done'] for o in rs)
     lines = rs.out.splitlines()
     assert "hello from rank 0" in lines
