@@ -54,8 +54,9 @@ check: $(BIN)/.ok
 	git diff --exit-code -- fastddp nbs README.md || (echo "notebooks and modules disagree, or a notebook is not clean, or a generated page is stale: run nbdev-export, python tools/bench_page.py and nbdev-clean, then commit" && exit 1)
 	test -z "$$(git status --porcelain -- fastddp nbs)" || (git status --porcelain -- fastddp nbs; echo "untracked generated files: commit them" && exit 1)
 
-# The installs first and at once (the venv, Chromium and SLURM: downloads and unpacking, little CPU: 45 s less on a fresh machine),
-# then the checks and the suite
+# The installs first and at once (the venv, Chromium and SLURM: downloads and unpacking, little CPU; on a fresh machine, with the
+# floor's venv beside them as .ci/run has it, 111 and 134 s where one after the other took 127 s: they share one disk), then the
+# checks and the suite
 test:
 	$(MAKE) -j2 venv system
 	$(MAKE) check

@@ -23,7 +23,8 @@ from fastddp.preempt import Preempt
 Preempt.budget = 0.01 # a check at every step (the default: every 0.5 s), so that the stop lands in the epoch it was sent in
 script,args = sys.argv[1],[a for a in sys.argv[2:] if not a.startswith('mark-')]
 ck = Path(args[args.index('--checkpoint')+1])
-first = not (ck/'sent').exists() and os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')=='0'
+attempt0 = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')=='0' # the launcher's first attempt
+first = not (ck/'sent').exists() and attempt0
 at,kill,sig = os.environ.get('AT'),os.environ.get('KILL'),getattr(signal, os.environ.get('SIG', 'SIGTERM'))
 class Sig(Callback):
     order = 80 # after `Checkpoint` (70)
@@ -34,7 +35,7 @@ class Sig(Callback):
         if first and at==f'{self.nf}.{self.epoch}.{self.iter}' and rank()==0:
             ck.mkdir(parents=True, exist_ok=True); (ck/'sent').touch(); os.kill(os.getppid(), sig)
     def after_epoch(self): # on the launcher's first attempt, whether or not this run resumed
-        if kill==f'{self.nf}.{self.epoch}' and rank()==1 and os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')=='0':
+        if kill==f'{self.nf}.{self.epoch}' and rank()==1 and attempt0:
             os.kill(os.getpid(), signal.SIGKILL)
 if os.environ.get('AWD'): # a smaller AWD-LSTM (IMDB): the same layers, tied embedding and WeightDropout, a fifth of the work
     from fastai.text.models.awdlstm import awd_lstm_clas_config
