@@ -256,14 +256,20 @@ def predict(m:dict, # `measured(tc)`
     return res
 
 # %% ../nbs/05c_forecast.ipynb #e47396a6
-def bench_link(r:dict): # `fastddp.allreduce.run_bench`'s result (what `fastddp-doctor --bench` measures)
-    "The link measured by the doctor's all-reduce sweep: the bus bandwidth of its largest message, the latency of its quickest small one"
+def bench_link(r:dict, # `fastddp.allreduce.run_bench`'s result (what `fastddp-doctor --bench` measures)
+               nbytes:int=None): # the bytes of one all-reduce the forecast sends (a bucket): the bandwidth the sweep had at that size
+    "The link the doctor's all-reduce sweep measured: its bandwidth at `nbytes` (else the largest message's), the least latency"
     n,rows = r['nproc'],r['rows']
     t = min([o['time_s'] for o in rows if o['size']<=2**14] or [rows[0]['time_s']]) # the first call of a sweep also warms up
+    lat,bw,at = t/(2*(n-1)),rows[-1]['busbw_GBps']*1e9,''
+    if nbytes and nbytes<rows[-1]['size'] and len(rows)>1: # a message's time between the sizes swept (log-log), less its latency
+        i = max(1, next(i for i,o in enumerate(rows) if o['size']>=nbytes))
+        (s0,t0),(s1,t1) = [(rows[j]['size'], rows[j]['time_s']) for j in (i-1, i)]
+        ti = t0*(t1/t0)**(math.log(max(nbytes, s0)/s0)/math.log(s1/s0))
+        bw,at = 2*(n-1)/n*nbytes/max(ti-2*(n-1)*lat, ti/10),f", its bandwidth at {nbytes/2**20:.2f} MiB"
     h = r.get('nodes', 1)
-    return dict(bw=rows[-1]['busbw_GBps']*1e9, lat=t/(2*(n-1)),
-                source=f"measured by the doctor's all-reduce benchmark on {n} {r['backend']} ranks "
-                       +(f"across {h} hosts" if h>1 else 'here'))
+    return dict(bw=bw, lat=lat, source=f"measured by the doctor's all-reduce benchmark on {n} {r['backend']} ranks "
+                                       +(f"across {h} hosts" if h>1 else 'here')+at)
 
 # %% ../nbs/05c_forecast.ipynb #45138430
 def run_link(m:dict):
@@ -274,8 +280,10 @@ def run_link(m:dict):
 
 # %% ../nbs/05c_forecast.ipynb #1697e9be
 def probe_rank(pairs:int=150, # steps of each model, with and without DDP
-               sizes:list=None): # message sizes of an all-reduce sweep to run first (`bench_times`): one launch for both
-    "In each of two ranks: DDP's cost per step on a tiny model (ms, paired medians), with and without buffers; rank 0 reports"
+               sizes:list=None, # message sizes of an all-reduce sweep to run first (`bench_times`): one launch for both
+               nbytes:int=None, # the run's gradient bytes: DDP's step on a model with that many too, all-reduced in one bucket
+               gap_ms:float=1.): # the work before each step, ms: the run's own step, so that ranks meet DDP's collectives as it did
+    "In each of two ranks: DDP's cost per step (ms, paired medians) on a tiny model, with and without buffers, and on `nbytes`"
     import time, statistics, torch, torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -284,16 +292,15 @@ def probe_rank(pairs:int=150, # steps of each model, with and without DDP
     init_distrib()
     res = dict(bench=bench_times(sizes) if sizes else None)
     torch.set_num_threads(1)
-    a,x = torch.randn(128, 128),torch.randn(32, 64)
-    def compute(): # a millisecond of work before each step: ranks reach DDP's collectives as a training step does
+    a = torch.randn(128, 128)
+    def compute(): # work before each step: ranks reach DDP's collectives as a training step does (asleep, caches cold)
         t = time.perf_counter()
-        while time.perf_counter()-t<1e-3: a@a
-    for bn in (False, True):
+        while time.perf_counter()-t<gap_ms/1e3: a@a
+    def paired(mk, x, n): # DDP's step less the same step without DDP, and the time to its forward (DDP's broadcast)
         torch.manual_seed(0)
-        mk = lambda: nn.Sequential(nn.Linear(64, 64), *[nn.BatchNorm1d(64)]*bn, nn.ReLU(), nn.Linear(64, 1))
-        plain,ddp,t,over,pre = mk(),DDP(mk()),{},[],[]
+        plain,ddp,t,over,pre = mk(),DDP(mk(), bucket_cap_mb=1024),{},[],[] # one bucket, as fastddp's DDP on gloo
         h = ddp.module.register_forward_pre_hook(lambda *_: t.__setitem__('fwd', time.perf_counter())) # as `TimeCost` marks it
-        for _ in range(pairs):
+        for _ in range(n):
             ts = []
             for m in (plain, ddp):
                 compute()
@@ -302,19 +309,34 @@ def probe_rank(pairs:int=150, # steps of each model, with and without DDP
                 ts.append(time.perf_counter()-t0)
             over.append(ts[1]-ts[0]); pre.append(t['fwd']-t0)
         h.remove()
-        k = pairs//8 # the first steps build DDP's buckets
-        res['buffers' if bn else 'plain'] = dict(over=1e3*statistics.median(over[k:]), pre=1e3*statistics.median(pre[k:]))
+        k = n//8 # the first steps build DDP's buckets
+        return dict(over=1e3*statistics.median(over[k:]), pre=1e3*statistics.median(pre[k:]))
+    for bn in (False, True):
+        mk = lambda: nn.Sequential(nn.Linear(64, 64), *[nn.BatchNorm1d(64)]*bn, nn.ReLU(), nn.Linear(64, 1))
+        res['buffers' if bn else 'plain'] = paired(mk, torch.randn(32, 64), max(32, min(pairs, int(1e3/gap_ms))))
+    if nbytes: # the run's bytes, all-reduced right after a backward as in training: sleeping ranks and cold caches cost per byte too
+        n = nbytes//4
+        k = max(16, min(pairs, int(1.5/(gap_ms/1e3+nbytes/1e9)))) # pairs: about 3 s
+        res['full'] = dict(paired(lambda: nn.Linear(1, n, bias=False), torch.ones(1, 1), k), bytes=4*n)
     report(**res)
     dist.destroy_process_group()
 
 def ddp_costs(r:dict, # `probe_rank`'s report
               lk:dict): # the link here it ran over (`bench_link`)
-    "ms a synchronised step of DDP takes beyond its all-reduce's latency and its broadcast of buffers (`bcast`): without buffers, with"
-    b = r['buffers']
-    return dict(plain=max(0., r['plain']['over']-1e3*2*lk['lat']), buffers=max(0., b['over']-1e3*2*lk['lat']-b['pre']), bcast=b['pre'])
+    "ms a synchronised step of DDP takes beyond its collectives' latency, its broadcast of buffers (`bcast`), and bytes/s in training"
+    b,f = r['buffers'],r.get('full')
+    res = dict(plain=max(0., r['plain']['over']-1e3*2*lk['lat']), buffers=max(0., b['over']-1e3*2*lk['lat']-b['pre']), bcast=b['pre'])
+    # on two ranks a ring sends each rank's bytes once: what the full model's step adds to the tiny one's, per byte
+    d = f and (f['over']-r['plain']['over'])/1e3
+    if d and d>0: res.update(bw=f['bytes']/d, bw_bytes=f['bytes'])
+    return res
 
 # %% ../nbs/05c_forecast.ipynb #0ea92aa0
 def _grad_bytes(m): return max(2**10, int(sum(es*math.prod(sh) for sh,es in m['grads']) or m['sent'] or 2**20))
+
+def _bucket_bytes(m):
+    "The bytes of the run's largest all-reduce: its gradients, at most a bucket (DDP's 25 MiB, fastddp's 1 GiB on gloo)"
+    return min(_grad_bytes(m), int((m.get('bucket_mb') or (25 if m['cuda'] else 1024))*2**20))
 
 @patch
 def _bench(self:TimeCost, m):
@@ -334,8 +356,9 @@ def _measure(self:TimeCost, m):
     from fastddp.testing import run_ranks
     sizes = bench_sizes(_grad_bytes(m)) if getattr(self, 'bench', None) is None else None
     # the fit ran on the CPU, so the probe's ranks do too: on a GPU machine the launcher would pick nccl, one GPU a rank
-    r = run_ranks(f"from fastddp.forecast import probe_rank; probe_rank(sizes={sizes!r})", n=2, timeout=600,
-                  env=dict(CUDA_VISIBLE_DEVICES=''))[0]
+    gap = min(10., max(1., float(np.median(m['busy'])))) # the run's step without its all-reduce, at most 10 ms: a probe of seconds
+    r = run_ranks(f"from fastddp.forecast import probe_rank; probe_rank(sizes={sizes!r}, nbytes={_bucket_bytes(m)}, gap_ms={gap:.3f})",
+                  n=2, timeout=600, env=dict(CUDA_VISIBLE_DEVICES=''))[0]
     if sizes: self.bench = bench_result(sizes, r['bench'])
     self.probe = ddp_costs(r, bench_link(self.bench))
 
@@ -348,12 +371,12 @@ def _ddp(self:TimeCost, m):
 
 @patch
 def _link(self:TimeCost, m, ranks, hosts, link, latency):
-    "The link between the ranks of a forecast: given, the run's own, or measured once with the doctor's benchmark"
+    "The link between the ranks of a forecast: given, the run's own, or measured once here, in a training step's rhythm on a CPU"
     if ranks*hosts<2: return None
     if isinstance(link, (str, Path)) and str(link).endswith('.json'): # what `fastddp-doctor --bench --json` printed, saved
         r = json.loads(Path(link).read_text())
         link = r.get('bench', r)
-    if isinstance(link, dict): return bench_link(link)
+    if isinstance(link, dict): return bench_link(link, _bucket_bytes(m))
     if link is not None:
         lk = parse_link(link, latency)
         # on CPU a hop takes at least what gloo takes between two ranks here, whatever the wire: measured, where it is more
@@ -367,8 +390,14 @@ def _link(self:TimeCost, m, ranks, hosts, link, latency):
     if m['ws']>1 and m['comm_ms']>0 and m['sent']: return run_link(m)
     b = self._bench(m)
     if b is None: raise DistribError("one GPU here: no link to measure; pass link= a name (nvlink4, pcie4, ...), a rate or bytes/s")
-    return bench_link(b)
-
+    lk = bench_link(b, _bucket_bytes(m))
+    p = self._ddp(m)
+    if p and p.get('bw'): # a CPU: the sweep's back-to-back all-reduces find the ranks awake; a training step's, after compute, does not
+        lk.update(bw=p['bw'], source=f"measured here by `probe_rank`: {p['bw_bytes']/2**20:.2f} MiB all-reduced by DDP after each "
+                  f"backward, as in training, on 2 gloo ranks ({p['bw']/1e9:.3g} GB/s; the doctor's back-to-back sweep: "
+                  f"{lk['bw']/1e9:.3g}); "
+                  f"latency {lk['lat']*1e6:.0f} us a hop from the sweep")
+    return lk
 
 # %% ../nbs/05c_forecast.ipynb #0d8b1bda
 @patch

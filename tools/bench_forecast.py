@@ -5,16 +5,18 @@ data loaded by the rank itself, num_workers=0 in every run: workers would conten
 `distrib_ctx` as the scripts train:
   links     - per repetition, first: each `--rates` link between two hosts as a user measures it, `fastddp-doctor --bench --json`
               started by the launcher on both hosts (`fastddp.allreduce.bench_launched`)
-  1 rank    - `python`, measured; forecasts 2 ranks on this host (over the link the doctor's all-reduce benchmark measured once,
-              at the start) and 1 rank on each of 2 hosts over every link, measured and nominal (and with `--whatifs`,
+  1 rank    - `python`, measured; forecasts 2 ranks on this host (over the link the forecast measures by default: the doctor's
+              all-reduce sweep and DDP's all-reduce of the run's gradients after each step's work, `probe_rank`, in one launch of
+              two ranks) and 1 rank on each of 2 hosts over every link, measured and nominal (and with `--whatifs`,
               accumulation 4 and fp16 compression over the slowest, measured)
   2 ranks   - `fastddp-launch --nproc 2`, measured; forecasts 1 rank
   2 hosts   - one rank in each of two network namespaces joined by a veth pair that `tc` shapes to each rate (`tests/hosts.py`,
               root only; the token bucket 250 us of the link), measured; with `--whatifs`, also with accumulation 4 and fp16
               compression over the slowest link (fewer steps there: seconds each)
 Nothing is fitted to these runs: the model's inputs are the 1-rank (or 2-rank) run's own timings and the links, measured by the
-doctor's benchmark or named. Each (forecast, measured) pair is the median over `--reps` interleaved repetitions; the error is
-forecast / measured - 1 on samples/s. The load average is recorded at every run: on a shared machine, regenerate on a quiet one.
+doctor's benchmark and `probe_rank`, or named. Each (forecast, measured) pair is the median over `--reps` interleaved
+repetitions; the error is forecast / measured - 1 on samples/s. The load average is recorded at every run: on a shared
+machine, regenerate on a quiet one.
 Usage: python tools/bench_forecast.py [--workloads resnet18,mlp,tabular] [--rates 1gbit,100mbit] [--reps 3] [--save FILE.json]"""
 import os, sys, json, shlex, shutil, statistics, tempfile
 from pathlib import Path
@@ -23,7 +25,6 @@ from fastddp.testing import run_ranks, read_reports
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]/'tests'))
 from hosts import Hosts # test code, kept with the tests
 from fastddp.bench import save_result
-from fastddp.allreduce import run_bench
 from fastddp.forecast import parse_link, tcp_share
 
 # one run: the workload as `fastddp.bench` builds it, `TimeCost` on, then the forecasts asked for (rank 0 reports)
@@ -99,7 +100,8 @@ def table(rows):
         f,m = med(r['forecast']),med(r['measured'])
         g = f"{med(r['gain_f']):.2f} | {med(r['gain_m']):.2f}" if r['gain_f'] else " | "
         ls.append(f"| {r['workload']} | {r['src']} | {r['dst']} | {r['link']} | {f:.1f} | {m:.1f} | {f/m-1:+.1%} | {g} |")
-    for nm,ok in (("measured links (the doctor's benchmark here or across the hosts, the run's own)", lambda r: 'nominal' not in r['link']),
+    for nm,ok in (("measured links (by the forecast here, by the doctor's benchmark across the hosts)",
+                   lambda r: 'nominal' not in r['link']),
                   ('nominal rates', lambda r: 'nominal' in r['link'])):
         errs = sorted(abs(med(r['forecast'])/med(r['measured'])-1) for r in rows if ok(r))
         if errs: ls.append(f"\nAbsolute error with {nm}: median {med(errs):.1%}, worst {errs[-1]:.1%} over {len(errs)} pairs.")
@@ -114,7 +116,6 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
     "Forecast samples/s against measured samples/s, from 1 rank to 2 and from 2 ranks to 1, on one host and across two"
     rates = [o for o in rates.split(',') if o]
     slow = rates[-1] if rates else None
-    link = run_bench(2, 2**26) # the doctor's all-reduce benchmark on this host, measured once: the 1-rank runs' link to a second rank
     res,loads = {},[]
     def add(key, f, m, gf=None, gm=None):
         r = res.setdefault(key, dict(workload=key[0], src=key[1], dst=key[2], link=key[3], forecast=[], measured=[], gain_f=[], gain_m=[]))
@@ -131,7 +132,7 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
                              runs=list(res.values()), links=lks)
         return t
     ws,lks = workloads.split(','),{}
-    here,own = "doctor's benchmark, this host","the run's own all-reduce"
+    here = "measured by the forecast here (its default)"
     with tempfile.TemporaryDirectory() as d, Hosts() as hs:
         script = Path(d)/'run.py'
         script.write_text(WORKER)
@@ -142,7 +143,7 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
             for w in ws:
                 arch,size,bs,steps,warmup,few = _work[w]
                 kw = dict(arch=arch, size=size, bs=bs, steps=steps, warmup=warmup)
-                fc = {'2': ((2, 1), link, {}), **{r: ((1, 2), r, {}) for r in rates}, **{r+'@': ((1, 2), lks[r], {}) for r in rates}}
+                fc = {'2': ((2, 1), None, {}), **{r: ((1, 2), r, {}) for r in rates}, **{r+'@': ((1, 2), lks[r], {}) for r in rates}}
                 if whatifs and slow:
                     for k,o in (('acc4', dict(accum=4)), ('fp16', dict(comm_hook='fp16'))): fc[k] = ((1, 2), lks[slow], o)
                 loads.append(os.getloadavg()[0]); one = on_one_host(script, 1, _args(**kw, forecasts=fc))
