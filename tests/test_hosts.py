@@ -160,3 +160,34 @@ def test_doctor_across_hosts(hosts, tmp_path):
     f = learn.time_cost.forecast(1, hosts=2, link=tmp_path/'link.json')
     assert 'across 2 hosts' in f['assumptions']['link'], f['assumptions']
     assert f['ms']['comm'] > 0 and f['world'] == 2
+
+_echo = '''
+import socket, sys, time, statistics
+if sys.argv[1]=='serve':
+    s = socket.create_server(('0.0.0.0', 5999)); c,_ = s.accept()
+    while (b := c.recv(64)): c.sendall(b)
+else:
+    for _ in range(100):
+        try: c = socket.create_connection((sys.argv[2], 5999)); break
+        except OSError: time.sleep(0.05)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ts = []
+    for _ in range(10):
+        t = time.perf_counter(); c.sendall(b'x'); c.recv(64); ts.append(time.perf_counter()-t)
+    print(statistics.median(ts))
+'''
+
+def test_delay_wire():
+    "`tools/delay_wire.py`'s hosts (the forecast's latency check): a round trip over a 5 ms wire takes 10 ms and a bit; all removed on exit"
+    sys.path.insert(0, str(Path(__file__).parents[1]/'tools'))
+    from delay_wire import WireHosts
+    from hosts import _sh
+    with WireHosts(5) as hs:
+        (n1,_,_),(n2,_,a2) = hs.hosts
+        srv = subprocess.Popen(['ip', 'netns', 'exec', n2, sys.executable, '-c', _echo, 'serve'])
+        p = subprocess.run(['ip', 'netns', 'exec', n1, sys.executable, '-c', _echo, 'ping', a2], capture_output=True, text=True, timeout=60)
+        srv.wait(timeout=10)
+        names,wire = [n for n,_,_ in hs.hosts],hs.proc
+    rtt = float(p.stdout)
+    assert 0.010<=rtt<0.030, rtt # twice the wire's 5 ms, plus the Python on each end
+    assert not any(n in _sh('ip', 'netns', 'list') for n in names) and wire.poll() is not None

@@ -13,19 +13,24 @@ data loaded by the rank itself, num_workers=0 in every run: workers would conten
   2 hosts   - one rank in each of two network namespaces joined by a veth pair that `tc` shapes to each rate (`tests/hosts.py`,
               root only; the token bucket 250 us of the link), measured; with `--whatifs`, also with accumulation 4 and fp16
               compression over the slowest link (fewer steps there: seconds each)
+  a wire    - with `--delay MS`: one rank in each of two namespaces joined by a wire that long (`tools/delay_wire.py`: the kernel
+              here has no netem), measured with fewer steps; forecast over the doctor's measure of it, and with its bandwidth and
+              the delay as the latency of a ring hop (the latency term, from the wire's known length)
 Nothing is fitted to these runs: the model's inputs are the 1-rank (or 2-rank) run's own timings and the links, measured by the
 doctor's benchmark and `probe_rank`, or named. Each (forecast, measured) pair is the median over `--reps` interleaved
 repetitions; the error is forecast / measured - 1 on samples/s. The load average is recorded at every run: on a shared
 machine, regenerate on a quiet one.
 Usage: python tools/bench_forecast.py [--workloads resnet18,mlp,tabular] [--rates 1gbit,100mbit] [--reps 3] [--save FILE.json]"""
-import os, sys, json, shlex, shutil, statistics, tempfile
+import os, sys, json, shlex, shutil, statistics, tempfile, contextlib
 from pathlib import Path
 from fastcore.script import call_parse
 from fastddp.testing import run_ranks, read_reports
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]/'tests'))
 from hosts import Hosts # test code, kept with the tests
+from delay_wire import WireHosts
 from fastddp.bench import save_result
-from fastddp.forecast import parse_link, tcp_share
+from fastddp.forecast import parse_link, tcp_share, bench_link
+from fastddp.bench import _model
 
 # one run: the workload as `fastddp.bench` builds it, `TimeCost` on, then the forecasts asked for (rank 0 reports)
 WORKER = '''
@@ -112,6 +117,7 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
          rates:str='1gbit,100mbit', # links between the two hosts, as `tc` writes them ('' for no runs across hosts)
          whatifs:bool=True, # also accumulation 4 and fp16 over the slowest link, forecast from one rank
          reps:int=3, # repetitions, interleaved
+         delay:float=0, # ms: also two hosts joined by a wire that long (`tools/delay_wire.py`), for the latency term; 0: none
          save:str=None): # write the result as JSON for `tools/bench_page.py`
     "Forecast samples/s against measured samples/s, from 1 rank to 2 and from 2 ranks to 1, on one host and across two"
     rates = [o for o in rates.split(',') if o]
@@ -122,30 +128,38 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
         r['forecast'].append(f); r['measured'].append(m)
         if gf is not None: r['gain_f'].append(gf); r['gain_m'].append(gm)
     def save_now(done):
+        ls = [f"{r} (tbf burst {burst(r)}): {lks[r]['rows'][-1]['busbw_GBps']*8e3:.0f} Mbit/s measured" for r in lks]
+        if wl: ls.append(f"a {delay:g} ms wire (`tools/delay_wire.py`): {wl['rows'][-1]['busbw_GBps']*8e3:.0f} Mbit/s measured, "
+                         f"{bench_link(wl)['lat']*1e3:.2f} ms a hop")
         t = table(list(res.values()))+(f"\n\nLoad average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f} "
                                        f"(median {statistics.median(loads):.1f}) on {os.cpu_count()} CPUs. Links between the hosts: "
-                                       + ', '.join(f"{r} (tbf burst {burst(r)}): {lks[r]['rows'][-1]['busbw_GBps']*8e3:.0f} Mbit/s measured"
-                                                   for r in lks))
+                                       +', '.join(ls))
         part = '' if done==reps else f" ({done} of {reps} repetitions done)"
         if save: save_result(save, 'forecast', f"Forecast against measured samples/s: {', '.join(ws)}, 1 thread a rank, "
-                             f"batch per rank fixed{part}", 'python tools/bench_forecast.py '+shlex.join(sys.argv[1:]), t, loads=loads,
+                             f"batch per rank fixed{f', a {delay:g} ms wire' if delay else ''}{part}",
+                             'python tools/bench_forecast.py '+shlex.join(sys.argv[1:]), t, loads=loads,
                              runs=list(res.values()), links=lks)
         return t
-    ws,lks = workloads.split(','),{}
+    ws,lks,wl = workloads.split(','),{},None
     here = "measured by the forecast here (its default)"
-    with tempfile.TemporaryDirectory() as d, Hosts() as hs:
+    with tempfile.TemporaryDirectory() as d, Hosts() as hs, contextlib.ExitStack() as es:
+        wh = es.enter_context(WireHosts(delay)) if delay else None
         script = Path(d)/'run.py'
         script.write_text(WORKER)
         for i in range(reps):
             for r in rates: # the links as a user measures them before a run: the doctor's benchmark across the two hosts
                 hs.shape(r, burst(r)); lks[r] = link_across(hs)
             hs.shape(None)
+            if wh: wl = link_across(wh)
             for w in ws:
                 arch,size,bs,steps,warmup,few = _work[w]
                 kw = dict(arch=arch, size=size, bs=bs, steps=steps, warmup=warmup)
                 fc = {'2': ((2, 1), None, {}), **{r: ((1, 2), r, {}) for r in rates}, **{r+'@': ((1, 2), lks[r], {}) for r in rates}}
                 if whatifs and slow:
                     for k,o in (('acc4', dict(accum=4)), ('fp16', dict(comm_hook='fp16'))): fc[k] = ((1, 2), lks[slow], o)
+                if wh: # over the wire as measured, and with its delay as the latency of a hop (the bandwidth measured)
+                    nb = 4*sum(p.numel() for p in _model(arch).parameters())
+                    fc.update({'wire@': ((1, 2), wl, {}), 'wire': ((1, 2), bench_link(wl, nb)['bw'], dict(latency=delay/1e3))})
                 loads.append(os.getloadavg()[0]); one = on_one_host(script, 1, _args(**kw, forecasts=fc))
                 loads.append(os.getloadavg()[0]); two = on_one_host(script, 2, _args(**kw, forecasts={'1': ((1, 1), None, {})}))
                 f1 = one['forecasts']
@@ -166,6 +180,11 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
                                 f1[k]['samples_s'], mk['samples_s'], f1[k]['samples_s']/f1[r+'@']['samples_s'],
                                 mk['samples_s']/m['samples_s'])
                 hs.shape(None)
+                if wh:
+                    loads.append(os.getloadavg()[0]); m = across(wh, script, _args(**{**kw, 'steps': few}))
+                    dst = f'2 hosts × 1 rank, {delay:g} ms wire'
+                    add((w, '1 rank', dst, "doctor's benchmark across the hosts"), f1['wire@']['samples_s'], m['samples_s'])
+                    add((w, '1 rank', dst, f"the doctor's bandwidth, {delay:g} ms a hop, nominal"), f1['wire']['samples_s'], m['samples_s'])
                 print(f"rep {i+1}/{reps} {w}: done", flush=True)
             t = save_now(i+1) # after each repetition: a run cut short keeps the ones done
     print(t)

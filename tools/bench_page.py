@@ -46,6 +46,7 @@ COMMANDS = [
     f"python tools/bench_foreach.py --reps 7 --save {D}/24_foreach.json",
     f"python tools/bench_foreach.py --device cuda --save {D}/24b_foreach_h200.json", # on an H200 (`make test-gpu`)
     f"python tools/bench_forecast.py --workloads resnet18,mlp,tabular --rates 1gbit,100mbit --reps 3 --save {D}/25_forecast.json",
+    f"python tools/bench_forecast.py --workloads resnet18,mlp,tabular --rates '' --delay 2 --reps 3 --save {D}/25b_forecast_wire.json",
     # on a GPU only (a CPU machine cannot regenerate these); `make test-gpu` runs the default path on all three workloads
     f"python -m fastddp.bench --device cuda --model resnet18,resnet50 --save {D}/30_gpu_bench.json",
     f"python -m fastddp.bench --device cuda --no-prefetch --save {D}/30b_gpu_bench_no_prefetch.json",
