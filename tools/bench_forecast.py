@@ -9,7 +9,8 @@ data loaded by the rank itself, num_workers=0 in every run: workers would conten
               all-reduce sweep and DDP's all-reduce of the run's gradients after each step's work, `probe_rank`, in one launch of
               two ranks) and 1 rank on each of 2 hosts over every link, measured and nominal (and with `--whatifs`,
               accumulation 4 and fp16 compression over the slowest, measured)
-  2 ranks   - `fastddp-launch --nproc 2`, measured; forecasts 1 rank
+  2 ranks   - `fastddp-launch --nproc 2`, measured; forecasts 1 rank, and 1 rank on each of 2 hosts over every `--rates` link as
+              measured
   2 hosts   - one rank in each of two network namespaces joined by a veth pair that `tc` shapes to each rate (`tests/hosts.py`,
               root only; the token bucket 250 us of the link), measured; with `--whatifs`, also with accumulation 4 and fp16
               compression over the slowest link (fewer steps there: seconds each)
@@ -161,16 +162,18 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
                     nb = 4*sum(p.numel() for p in _model(arch).parameters())
                     fc.update({'wire@': ((1, 2), wl, {}), 'wire': ((1, 2), bench_link(wl, nb)['bw'], dict(latency=delay/1e3))})
                 loads.append(os.getloadavg()[0]); one = on_one_host(script, 1, _args(**kw, forecasts=fc))
-                loads.append(os.getloadavg()[0]); two = on_one_host(script, 2, _args(**kw, forecasts={'1': ((1, 1), None, {})}))
-                f1 = one['forecasts']
+                f2 = {'1': ((1, 1), None, {}), **{r+'@': ((1, 2), lks[r], {}) for r in rates}} # and from two ranks on one host to two hosts
+                loads.append(os.getloadavg()[0]); two = on_one_host(script, 2, _args(**kw, forecasts=f2))
+                f1,f2 = one['forecasts'],two['forecasts']
                 add((w, '1 rank', '2 ranks, one host', here), f1['2']['samples_s'], two['samples_s'])
                 add((w, '2 ranks', '1 rank', '-'), two['forecasts']['1']['samples_s'], one['samples_s'])
                 for r in rates:
                     hs.shape(r, burst(r))
                     kr = {**kw, 'steps': few} if r==slow else kw
                     loads.append(os.getloadavg()[0]); m = across(hs, script, _args(**kr))
-                    add((w, '1 rank', f'2 hosts × 1 rank, {r}', "doctor's benchmark across the hosts"), f1[r+'@']['samples_s'],
-                        m['samples_s'])
+                    for src,f in (('1 rank', f1), ('2 ranks', f2)):
+                        add((w, src, f'2 hosts × 1 rank, {r}', "doctor's benchmark across the hosts"), f[r+'@']['samples_s'],
+                            m['samples_s'])
                     add((w, '1 rank', f'2 hosts × 1 rank, {r}', f"{r}, nominal"), f1[r]['samples_s'], m['samples_s'])
                     if r==slow and whatifs:
                         for k,o in (('acc4', dict(accum=4)), ('fp16', dict(hook='fp16'))):

@@ -60,6 +60,8 @@ class WireHosts(Hosts):
         super().__exit__(*exc)
 
 if __name__=='__main__':
+    import ctypes, signal
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL) # PR_SET_PDEATHSIG: the wire ends with the process that started it, even killed
     a,b,ms = sys.argv[1], sys.argv[2], float(sys.argv[3])
     fa,fb = tap(a),tap(b)
     print('ready', flush=True)
