@@ -18,13 +18,16 @@ class Hosts:
     def __enter__(self):
         try:
             for n,_,_ in self.hosts: _sh('ip', 'netns', 'add', n)
-            _sh('ip', 'link', 'add', self.hosts[0][1], 'type', 'veth', 'peer', 'name', self.hosts[1][1])
+            self.join()
             for n,v,a in self.hosts:
                 _sh('ip', 'link', 'set', v, 'netns', n)
                 _sh('ip', '-n', n, 'addr', 'add', f'{a}/24', 'dev', v)
                 for o in (v, 'lo'): _sh('ip', '-n', n, 'link', 'set', o, 'up')
         except BaseException: self.__exit__(); raise
         return self
+    def join(self):
+        "The link's two ends, named `hosts[i][1]`, here (`__enter__` moves each into its host): a veth pair"
+        _sh('ip', 'link', 'add', self.hosts[0][1], 'type', 'veth', 'peer', 'name', self.hosts[1][1])
     def __exit__(self, *exc):
         for n,_,_ in self.hosts: subprocess.run(['ip', 'netns', 'del', n], capture_output=True) # takes its end of the veth pair with it
     def __getitem__(self, i): return self.hosts[i]

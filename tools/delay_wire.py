@@ -4,12 +4,12 @@ The development machines' kernel has no `netem` queueing discipline (nor `fq`, w
 `tc` cannot delay packets. Here each host gets a TAP device instead of its end of a veth pair, and one process carries every
 Ethernet frame from one TAP to the other `delay` later, both ways, in order: a wire of that length. It is a Python process on the
 same cores as the ranks, so it also limits the rate (measure it: `fastddp-doctor --bench` across the hosts) and costs CPU.
-`WireHosts` is `tests/hosts.py`'s `Hosts` with that wire: `launch` and `shape` (a token bucket on each TAP) work as there.
+`WireHosts` is `tests/hosts.py`'s `Hosts` with that wire as its `join`: `launch` and `shape` (a token bucket on each TAP) work as there.
 Usage as a wire alone (root): python tools/delay_wire.py TAP1 TAP2 DELAY_MS"""
 import os, sys, time, errno, heapq, fcntl, struct, select, subprocess
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]/'tests'))
-from hosts import Hosts, _sh # test code, kept with the tests
+from hosts import Hosts # test code, kept with the tests
 
 TUNSETIFF,IFF_TAP,IFF_NO_PI = 0x400454ca,0x0002,0x1000
 
@@ -43,18 +43,11 @@ class WireHosts(Hosts):
     def __init__(self, delay_ms:float, tag:str=None):
         super().__init__(tag)
         self.delay_ms,self.proc = delay_ms,None
-    def __enter__(self):
-        try:
-            for n,_,_ in self.hosts: _sh('ip', 'netns', 'add', n)
-            self.proc = subprocess.Popen([sys.executable, __file__, self.hosts[0][1], self.hosts[1][1], str(self.delay_ms)],
-                                         stdout=subprocess.PIPE, text=True)
-            if self.proc.stdout.readline().strip()!='ready': raise RuntimeError(f"delay_wire: the wire did not start ({self.proc.poll()})")
-            for n,v,a in self.hosts: # a TAP keeps its file descriptor in the wire's process when it moves to a namespace
-                _sh('ip', 'link', 'set', v, 'netns', n)
-                _sh('ip', '-n', n, 'addr', 'add', f'{a}/24', 'dev', v)
-                for o in (v, 'lo'): _sh('ip', '-n', n, 'link', 'set', o, 'up')
-        except BaseException: self.__exit__(); raise
-        return self
+    def join(self):
+        "Two TAP devices and the wire between them; a TAP keeps its file descriptor in the wire's process when it moves to a host"
+        self.proc = subprocess.Popen([sys.executable, __file__, self.hosts[0][1], self.hosts[1][1], str(self.delay_ms)],
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip()!='ready': raise RuntimeError(f"delay_wire: the wire did not start ({self.proc.poll()})")
     def __exit__(self, *exc):
         if self.proc: self.proc.kill(); self.proc.wait()
         super().__exit__(*exc)
