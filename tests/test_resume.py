@@ -6,7 +6,7 @@ from pathlib import Path
 from fastddp.testing import run_ranks
 from fastddp.preempt import PREEMPTED
 from conftest import ROOT, wait_gone
-from test_scripts import check_run
+from test_scripts import check_run, pretrained
 
 # The real script, run with two test callbacks added to the ones it asks `fastddp.script.train_cbs` for: `Sig` stops the first run
 # (AT='F.E.I': after training step I of epoch E of fit F, rank 0 sends SIG to the launcher; KILL='F.E': once the checkpoint at the
@@ -100,15 +100,21 @@ def test_tabular(tmp_path, marker):
     assert not wait_gone(marker, 10)
 
 def test_pets(tmp_path, marker):
-    ("pets_ddp.py (generated images, a random crop drawn in a DataLoader worker, dropout, fine_tune's two fits, --accum 2): SIGUSR1 "
-     "to `python -m fastai.launch` mid-epoch in the second fit; the same command skips the first fit, resumes, and ends bit-equal")
-    args = ['--synthetic', '148', '--size', '32', '--bs', '6', '--arch', 'resnet18', '--no-pretrained', '--workers', '1', '--accum', '2',
-            marker] # 10 steps an epoch: 5 optimizer steps
-    ref = _run(tmp_path/'ref', 'pets', args+['--out', tmp_path/'out'], launcher='fastai')
+    ("pets_ddp.py (generated images, a random crop drawn in a DataLoader worker, dropout, fine_tune's two fits, --accum 2, torchvision "
+     "weights read from the cache with no network, rank 0 first): SIGUSR1 to `python -m fastai.launch` mid-epoch in the second fit; "
+     "the same command skips the first fit, resumes, and ends bit-equal")
+    args = ['--synthetic', '148', '--size', '32', '--bs', '6', '--arch', 'resnet18', '--weights', 'IMAGENET1K_V1', '--workers', '1',
+            '--accum', '2', marker] # 10 steps an epoch: 5 optimizer steps
+    env = dict(TORCH_HOME=str(pretrained(tmp_path/'th')))
+    ref = _run(tmp_path/'ref', 'pets', args+['--out', tmp_path/'out'], launcher='fastai', env=env)
     check_run('pets', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under fastai.launch
-    rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.1', SIG='SIGUSR1'), check=False)
+    from fastai.learner import load_learner
+    import fastai.vision.all
+    w = load_learner(tmp_path/'out'/'export.pkl').model[0][0].weight
+    assert (w-0.5).abs().max()<0.05, (w-0.5).abs().max() # the cached file's first layer, barely moved by fine_tune
+    rs = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=dict(AT='1.0.1', SIG='SIGUSR1', **env), check=False)
     assert _stopped(rs, PREEMPTED, tmp_path/'a'/'pets', '1.0')%2==0 # at an optimizer step
-    again = _run(tmp_path/'a', 'pets', args, launcher='fastai')
+    again = _run(tmp_path/'a', 'pets', args, launcher='fastai', env=env)
     _same(again, ref); _resumed(again)
     assert "fastddp: resuming: fit 1 was done before the restart" in again.out, again.out[-3000:]
     assert not wait_gone(marker, 10)
