@@ -644,12 +644,13 @@ def gpu_table(r:dict): # `gpu_bench`'s result
         n,a,b = o['steps'],o['fastddp_s'],o['hand_s']
         rs = [y/x for x,y in zip(a, b)]
         fl,pk = o['flops_per_sample'],o['peak']
+        dw = '-' if o.get('data_share') is None else f"{o['data_share']:.1%}" # (no nested quotes alike: Python 3.10 reads this)
         sy = (f"{sum(o['fastddp_syncs'])/(n*len(a)):.2f} ({sum(o['hand_syncs'])/(n*len(b)):.2f})" if r['device'].startswith('cuda')
               else '- (no CUDA)')
         ls.append(f"| {o['name']}, {n} steps × {len(a)} blocks | {statistics.median(b)/n*1e3:.2f} | {statistics.median(a)/n*1e3:.2f} | "
                   f"**{statistics.median(rs):.2f}** ({min(rs):.2f}-{max(rs):.2f}) | {sy} | "
                   f"{f(_mfu(fl['throughput'], o['bs'], a, n, pk))} / {f(_mfu(fl['shapes'], o['bs'], a, n, pk))} | "
-                  f"{f(_mfu(fl['shapes'], o['bs'], b, n, pk))} | {'-' if o.get('data_share') is None else f'{o["data_share"]:.1%}'} |")
+                  f"{f(_mfu(fl['shapes'], o['bs'], b, n, pk))} | {dw} |")
     return '\n'.join(ls)+"\n\nThe hand-written loop: [`fastddp.handloop`](handloop.html)."
 
 # %% ../nbs/07_bench.ipynb #eb8d3484

@@ -49,3 +49,35 @@ def test_catches_additions():
     assert p.returncode==0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert {'torch.nn.modules.linear.Linear.extra_thing', 'fastai.learner.added_name'} <= set(r['added']), r
+
+# each file compiled by an older Python; prints `file:line: message` for each that does not parse
+_COMPILE = '''
+import sys
+for f in sys.argv[1:]:
+    try: compile(open(f, encoding='utf-8').read(), f, 'exec')
+    except SyntaxError as e: print(f"{f}:{e.lineno}: {e.msg}")
+'''
+
+def older_pythons():
+    "An interpreter for each minor version from requires-python's floor to below this one's: pyenv's, or one on PATH that runs"
+    import os, re, glob, shutil
+    from conftest import ROOT
+    lo = int(re.search(r'requires-python\s*=\s*">=3\.(\d+)', (ROOT/'pyproject.toml').read_text())[1])
+    res = {}
+    for m in range(lo, sys.version_info.minor):
+        pyenv = sorted(glob.glob(os.path.expanduser(f'~/.pyenv/versions/3.{m}.*/bin/python3.{m}')))
+        for p in pyenv[::-1]+[shutil.which(f'python3.{m}')]: # pyenv's shim on PATH fails where that version is not selected
+            if p and subprocess.run([p, '-c', ''], capture_output=True).returncode==0: res[f'3.{m}'] = p; break
+    return res
+
+def test_oldest_python_parses():
+    ("The package, the scripts and the tools parse on every older Python that requires-python admits (3.10 and 3.11 where this is "
+     "3.12): `python -m fastddp.bench` was a SyntaxError on 3.10 and 3.11, the machines' own python3 (an f-string nested in "
+     "one with the same quotes: 3.12's syntax)")
+    from conftest import ROOT
+    ps = older_pythons()
+    assert ps, "no Python older than this one found (on PATH or in pyenv): requires-python's floor cannot be checked"
+    files = [str(f) for d in ('fastddp', 'scripts', 'tools') for f in sorted((ROOT/d).glob('*.py'))]
+    for v,p in ps.items():
+        r = subprocess.run([p, '-c', _COMPILE, *files], capture_output=True, text=True, timeout=300)
+        assert r.returncode==0 and not r.stdout.strip(), f"Python {v} ({p}) cannot parse:\n{r.stdout}{r.stderr[-2000:]}"
