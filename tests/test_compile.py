@@ -290,11 +290,11 @@ def test_inductor_tabular(tmp_path):
 
 def test_compiled_resnet18(tmp_path):
     ("resnet18 compiled at 2 ranks (dynamo's graphs, DDP's graph splitting, AOTAutograd's backward; eager kernels: backend "
-     "'aot_eager'), SGD: the weights of eager after 3 steps, bit for bit")
+     "'aot_eager'), SGD: the weights of eager after 3 steps, within 1e-6 (bit for bit on the Intel Xeon it was written on)")
     # inductor's C++ kernels are checked on the tabular model above: on resnet18 they cost 60-110 s of compiling (2 ranks on 2 cores)
     # for a bound of 1e-3 (BatchNorm over 16 samples of 1x1 maps amplifies their rounding: 1.4e-4 measured); 6 compiles: the 3 steps
-    # and their validation
-    _compiled(tmp_path, 'resnet18', 0, 'sgd', 0., 6, 'aot_eager')
+    # and their validation. 1e-6, not 0: another CPU's oneDNN may pick other kernels for a graph's strides; a wrong model is far off
+    _compiled(tmp_path, 'resnet18', 0, 'sgd', 1e-6, 6, 'aot_eager')
 
 # GPU-only paths: CUDA graphs (mode='reduce-overhead') and autotuned kernels (mode='max-autotune'), not run on the CPU machines
 CUDA = '''
