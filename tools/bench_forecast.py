@@ -155,18 +155,19 @@ def main(workloads:str='resnet18,mlp,tabular', # `fastddp.bench` workloads
             for w in ws:
                 arch,size,bs,steps,warmup,few = _work[w]
                 kw = dict(arch=arch, size=size, bs=bs, steps=steps, warmup=warmup)
-                fc = {'2': ((2, 1), None, {}), **{r: ((1, 2), r, {}) for r in rates}, **{r+'@': ((1, 2), lks[r], {}) for r in rates}}
+                measured = {r+'@': ((1, 2), lks[r], {}) for r in rates} # 1 rank on each of 2 hosts, over each link as measured
+                fc = {'2': ((2, 1), None, {}), **{r: ((1, 2), r, {}) for r in rates}, **measured}
                 if whatifs and slow:
                     for k,o in (('acc4', dict(accum=4)), ('fp16', dict(comm_hook='fp16'))): fc[k] = ((1, 2), lks[slow], o)
                 if wh: # over the wire as measured, and with its delay as the latency of a hop (the bandwidth measured)
                     nb = 4*sum(p.numel() for p in _model(arch).parameters())
                     fc.update({'wire@': ((1, 2), wl, {}), 'wire': ((1, 2), bench_link(wl, nb)['bw'], dict(latency=delay/1e3))})
                 loads.append(os.getloadavg()[0]); one = on_one_host(script, 1, _args(**kw, forecasts=fc))
-                f2 = {'1': ((1, 1), None, {}), **{r+'@': ((1, 2), lks[r], {}) for r in rates}} # and from two ranks on one host to two hosts
-                loads.append(os.getloadavg()[0]); two = on_one_host(script, 2, _args(**kw, forecasts=f2))
+                fc2 = {'1': ((1, 1), None, {}), **measured} # and from two ranks on one host to two hosts
+                loads.append(os.getloadavg()[0]); two = on_one_host(script, 2, _args(**kw, forecasts=fc2))
                 f1,f2 = one['forecasts'],two['forecasts']
                 add((w, '1 rank', '2 ranks, one host', here), f1['2']['samples_s'], two['samples_s'])
-                add((w, '2 ranks', '1 rank', '-'), two['forecasts']['1']['samples_s'], one['samples_s'])
+                add((w, '2 ranks', '1 rank', '-'), f2['1']['samples_s'], one['samples_s'])
                 for r in rates:
                     hs.shape(r, burst(r))
                     kr = {**kw, 'steps': few} if r==slow else kw
