@@ -198,7 +198,10 @@ def _fail(msg, frames=()):
     err = dict(message=f'RankStalled: {msg}',
                extraInfo=dict(py_callstack=f'RankStalled: {msg}\n'+''.join(traceback.format_list(frames)), timestamp=str(int(time.time()))))
     try:
-        if fn: Path(fn).write_text(json.dumps(dict(message=err)))
+        if fn: # whole or not at all (as `WholeErrorFile`): the agent reads it as soon as this process is gone
+            part = Path(f'{fn}.{os.getpid()}.part')
+            part.write_text(json.dumps(dict(message=err)))
+            os.replace(part, fn)
     except OSError as e: print(f"fastddp: could not write the launcher's error file {fn}: {e}", file=sys.stderr, flush=True)
     for p in multiprocessing.active_children(): p.kill() # a worker stuck at start never notices that its parent left
     sys.stdout.flush()

@@ -1,5 +1,5 @@
 "Launcher: `fastddp-launch` / `python -m fastai.launch` on torch's elastic agent; failures stop every rank, nothing is left behind"
-import os, sys, time, signal, socket, subprocess, pytest
+import os, sys, time, json, signal, socket, subprocess, pytest
 from pathlib import Path
 from fastddp.launch import free_port, launch
 from fastddp.testing import run_ranks
@@ -208,3 +208,28 @@ def test_peer_lost_messages(mode, env, marker):
     assert any(l.startswith(f"fastddp-launch: rank {r0} (pid ") for l in rs.out.splitlines()), rs.out[-2000:]
     if mode=='raise': assert not peer_lost(rs[1]['msg'])
     assert not wait_gone(marker, 10)
+
+# Each writer raises or fails with a long message: its record takes seconds to write, and the test stops it as soon as the file or
+# its temporary appears. torch's own `ErrorHandler` fails this: it leaves an empty file (what the agent then failed on)
+WRITE = '''
+import sys
+if sys.argv[1]=='record':
+    from fastddp.worker import WholeErrorFile
+    try: raise RuntimeError('x'*100_000_000)
+    except RuntimeError as e: WholeErrorFile().record_exception(e)
+else:
+    from fastddp.watchdog import _fail
+    _fail('x'*100_000_000)
+'''
+
+@pytest.mark.parametrize('writer', ['record', 'watchdog'])
+def test_error_file_whole(writer, tmp_path):
+    "A rank stopped while it writes the launcher's error file leaves the whole record or none (an empty one stopped fastddp-launch)"
+    fn = tmp_path/'error.json'
+    p = subprocess.Popen([sys.executable, '-c', WRITE, writer], env=dict(os.environ, TORCHELASTIC_ERROR_FILE=str(fn)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t = time.time()
+    while p.poll() is None and not list(tmp_path.iterdir()) and time.time()-t<60: time.sleep(0.001)
+    p.kill(); p.wait()
+    assert list(tmp_path.iterdir()), "the writer wrote nothing"
+    if fn.exists(): assert json.loads(fn.read_text())['message']['message'].endswith('x'*100) # whole, if the stop came late
