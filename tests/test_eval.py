@@ -96,8 +96,8 @@ def _eq_tensors(a, b):
     return a.shape==b.shape and torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6)
 
 # 1 and 2 ranks in the fast tier; 3 and 4 (uneven splits, padding) only in `make test`: 4 ranks on 2 cores take the longest
-@pytest.mark.parametrize('ws,text', [(1,False), (2,True), pytest.param(3, False, marks=pytest.mark.slow),
-                                     pytest.param(4, False, marks=pytest.mark.slow)])
+# 4 ranks covers what 3 did (23 rows padded by 1, 10 images by 2, a rank with no item of the 2-item set) and a batch cut short
+@pytest.mark.parametrize('ws,text', [(1,False), (2,True), pytest.param(4, False, marks=pytest.mark.slow)])
 def test_exact_eval(ws, text, tmp_path):
     rs = run_ranks(EVAL, n=ws, args=[tmp_path/'adult', 'text' if text else 'no'], launcher='torchrun', timeout=600)
     for r,o in enumerate(rs):
