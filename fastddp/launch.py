@@ -6,10 +6,10 @@ Docs: https://fastddp.github.io/fastddp/launch.html.md"""
 
 # %% auto #0
 __all__ = ['PREEMPTED', 'LaunchError', 'parse_gpus', 'plan_procs', 'port_free', 'free_port', 'peer_lost', 'fail_msg',
-           'launch_config', 'wait_master', 'Forward', 'launch', 'main']
+           'launch_config', 'wait_master', 'Forward', 'launch', 'unreadable', 'main']
 
 # %% ../nbs/01_launch.ipynb #14b49b4b
-import os, sys, socket, argparse, shlex, shutil, signal, subprocess, tempfile, uuid, time, threading
+import os, sys, json, traceback, socket, argparse, shlex, shutil, signal, subprocess, tempfile, uuid, time, threading
 from pathlib import Path
 from .core import *
 
@@ -275,6 +275,9 @@ def _launch(a):
             return PREEMPTED
         print(f"fastddp-launch: stopped by {signal.Signals(e.sigval).name}; all ranks were stopped", file=sys.stderr, flush=True)
         return 128+int(e.sigval)
+    except json.JSONDecodeError as e: # raised by torch's agent, which had stopped every rank
+        print(f"fastddp-launch: {unreadable(e)}", file=sys.stderr, flush=True)
+        return 1
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else '' # torch's C++ errors carry their stack frames after the first line
         print(f"fastddp-launch: {type(e).__name__}: {first}", file=sys.stderr, flush=True)
@@ -286,6 +289,15 @@ def _launch(a):
         return 1
     finally: fwd.restore()
     return 0
+
+# %% ../nbs/01_launch.ipynb #0d94827e
+def unreadable(e:json.JSONDecodeError): # what torch's agent raised
+    "The message for an error file torch's agent could not read, naming the file from the frame that read it"
+    fs = [f.f_locals.get('self') for f,_ in traceback.walk_tb(e.__traceback__)]
+    fn = next((o.error_file for o in fs if hasattr(o, 'error_file')), None) # torch's `ProcessFailure`
+    return (f"a rank's error file{' '+fn if fn else ''} was empty or half-written when torch's agent read it ({e}): the rank was "
+            "stopped while writing it (a script's own `@record` writes it in place); every rank was stopped, and the ranks' output "
+            "above shows the first failure")
 
 # %% ../nbs/01_launch.ipynb #795dc320
 def main():

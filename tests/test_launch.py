@@ -1,5 +1,5 @@
 "Launcher: `fastddp-launch` / `python -m fastai.launch` on torch's elastic agent; failures stop every rank, nothing is left behind"
-import os, sys, time, json, signal, socket, subprocess, pytest
+import os, re, sys, time, json, signal, socket, subprocess, pytest
 from pathlib import Path
 from fastddp.launch import free_port, launch
 from fastddp.testing import run_ranks
@@ -233,3 +233,24 @@ def test_error_file_whole(writer, tmp_path):
     p.kill(); p.wait()
     assert list(tmp_path.iterdir()), "the writer wrote nothing"
     if fn.exists(): assert json.loads(fn.read_text())['message']['message'].endswith('x'*100) # whole, if the stop came late
+
+# torch's own `@record` in the script: rank 0 writes a long record in place, and the agent stops it mid-write when rank 1 fails
+HALF = '''
+import os, sys, time, torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from fastddp.core import *; from fastddp.testing import report
+init_distrib('gloo')
+@record
+def main():
+    dist.barrier()
+    if rank()==1: time.sleep(3); os._exit(3) # rank 0 writes from about 1 s to 5 s after the barrier
+    raise RuntimeError('x'*200_000_000)
+main()
+'''
+
+def test_half_written_error_file(marker):
+    "An error file torch's agent cannot read (a script's own `@record` stopped mid-write): one line naming it, exit 1, nothing left"
+    rs = run_ranks(HALF, n=2, args=[marker], check=False, timeout=120)
+    assert rs.rc==1, rs.out[-3000:]
+    assert re.search(r"fastddp-launch: a rank's error file \S+error\.json was empty or half-written", rs.out), rs.out[-3000:]
+    assert not wait_gone(marker, 10)
