@@ -192,10 +192,12 @@ def test_requeue(cluster, tmp_path, marker):
         daemons = '\n'.join(f"--- {f.name}:\n{f.read_text()[-2500:]}" for f in sorted(d.glob('slurm*.log')))
         pytest.fail(f"job states {states}\n{info}\n--- job.out:\n{log[-3000:]}\n{daemons}")
     rs = read_reports(tmp_path, 2)
-    st = [o['stop'] for o in rs]
-    assert (st[0]['code']==75 and st[0]['sig']=='SIGUSR1' and (st[0]['epoch'],st[0]['it'])==(st[1]['epoch'],st[1]['it'])
-            and st[0]['epoch']==1 and st[0]['it']>3), st
-    assert f"SLURM job {jid} requeued" in log and f"resuming from {tmp_path/'run'/'checkpoints'/st[0]['ckpt']}" in log, log[-3000:]
+    m = re.search(r"fastddp: SIGUSR1: every rank stopped at epoch (\d+), step (\d+); checkpoint (\S+) written", log)
+    assert m and m[1]=='1' and int(m[2])>3, log[-3000:]
+    # SLURM stops the job step as soon as rank 0 has requeued the job: a rank may be gone before its own report of the stop
+    for o in rs:
+        if 'stop' in o: assert (o['stop']['code'],o['stop']['sig'],o['stop']['epoch'],o['stop']['it'])==(75,'SIGUSR1',1,int(m[2])), o['stop']
+    assert f"SLURM job {jid} requeued" in log and f"resuming from {m[3]}" in log, log[-3000:]
     assert "start 1 on" in log and "start 2 on" in log, log[-3000:]
     for o in rs: assert torch.equal(_flat(o['w']), ref), log[-3000:]
     assert wait_gone(marker, 20)==[]
