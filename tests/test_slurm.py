@@ -196,7 +196,8 @@ def test_requeue(cluster, tmp_path, marker):
     assert m and m[1]=='1' and int(m[2])>3, log[-3000:]
     # SLURM stops the job step as soon as rank 0 has requeued the job: a rank may be gone before its own report of the stop
     for o in rs:
-        if 'stop' in o: assert (o['stop']['code'],o['stop']['sig'],o['stop']['epoch'],o['stop']['it'])==(75,'SIGUSR1',1,int(m[2])), o['stop']
+        st = o.get('stop')
+        if st: assert (st['code'],st['sig'],st['epoch'],st['it'])==(75,'SIGUSR1',1,int(m[2])), st
     assert f"SLURM job {jid} requeued" in log and f"resuming from {m[3]}" in log, log[-3000:]
     assert "start 1 on" in log and "start 2 on" in log, log[-3000:]
     for o in rs: assert torch.equal(_flat(o['w']), ref), log[-3000:]
