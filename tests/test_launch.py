@@ -237,13 +237,17 @@ def test_error_file_whole(writer, tmp_path):
 # torch's own `@record` in the script: rank 0 writes a long record in place, and the agent stops it mid-write when rank 1 fails
 HALF = '''
 import os, sys, time, torch.distributed as dist
+from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 from fastddp.core import *; from fastddp.testing import report
 init_distrib('gloo')
 @record
 def main():
     dist.barrier()
-    if rank()==1: time.sleep(3); os._exit(3) # rank 0 writes from about 1 s to 5 s after the barrier
+    if rank()==1: # fails as soon as rank 0's record is begun: rank 0 writes for seconds (4 s here), the agent stops it within 0.1 s
+        mine = Path(os.environ['TORCHELASTIC_ERROR_FILE']) # .../attempt_0/1/error.json
+        while not (mine.parent.parent/'0'/mine.name).exists(): time.sleep(0.01)
+        os._exit(3)
     raise RuntimeError('x'*200_000_000)
 main()
 '''
