@@ -236,10 +236,10 @@ def test_error_file_whole(writer, tmp_path):
 
 # torch's own `@record` in the script: rank 0 writes a long record in place, and the agent stops it mid-write when rank 1 fails
 HALF = '''
-import os, sys, time, torch.distributed as dist
+import os, time, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
-from fastddp.core import *; from fastddp.testing import report
+from fastddp.core import *
 init_distrib('gloo')
 @record
 def main():
