@@ -175,9 +175,14 @@ def _use_sync_bn(self:DistributedTrainer):
 @patch
 def zero_grad(self:Optimizer):
     "Zero the gradients, or drop them when `set_to_none` (the next backward then writes them instead of adding)"
-    for p,*_ in self.all_params(with_grad=True):
-        if getattr(self, 'set_to_none', False): p.grad = None
+    if type(self).all_params is Optimizer.all_params: # what `all_params(with_grad=True)` gives, without its two `L`s a step
+        ps = (p for pg in self.param_lists for p in pg if getattr(p, 'grad', None) is not None)
+    else: ps = (p for p,*_ in self.all_params(with_grad=True)) # a subclass's own
+    none = getattr(self, 'set_to_none', False)
+    for p in ps:
+        if none: p.grad = None
         else: p.grad.detach_(); p.grad.zero_()
+
 
 # %% ../nbs/03_distrib.ipynb #f25f86fd
 from .stream import is_stream, stream_dl, StreamDL
@@ -453,6 +458,19 @@ def before_batch(self:CastToTensor):
     l = self.learn
     if '_cb_cache' in l.__dict__ and all(type(o) is Tensor for o in (*l.xb, *l.yb)): return
     _cast_before_batch(self)
+
+# %% ../nbs/03_distrib.ipynb #8a57e531
+_learner_set_device = Learner._set_device
+@patch
+def _set_device(self:Learner, b):
+    "fastai's; inside `distrib_ctx`, the batch itself when it is a tuple of tensors on the model's device already"
+    c = self.__dict__.get('_cb_cache')
+    if c is None or type(b) is not tuple or defaults.use_cuda==False: return _learner_set_device(self, b)
+    m,p = c.get('param', (None,None))
+    if m is not self.model: m,p = c['param'] = self.model,next(self.model.parameters(), None) # a new model (DDP's, at a fit's start)
+    if p is not None and all(isinstance(o, Tensor) and o.device==p.device for o in b): return b
+    return _learner_set_device(self, b)
+
 
 # %% ../nbs/03_distrib.ipynb #ded39f7e
 def _plain(axis, x):
