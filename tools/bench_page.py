@@ -107,14 +107,17 @@ def summary(rs):
     r = b[0]
     ls = ["| ratio | median | spread |", "|---|---|---|"]
     ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |" for k,(md,lo,hi,_) in ratios(r['samples_per_s']).items()]
+    def where(o): # a row from another machine or day than the first result says which
+        w = f"{o['machine']['cpu']}, {o['date'][:10]}"
+        return '' if w==f"{r['machine']['cpu']}, {r['date'][:10]}" else f" ({w})"
     short = [o for n,o in rs if n.startswith('18_short_steps')] # short steps (the MLP): fastddp against the hand-written loop
-    if short: ls += [f"| short steps (mlp): {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |"
+    if short: ls += [f"| short steps (mlp){where(short[0])}: {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |"
                      for k,(md,lo,hi,_) in ratios(short[0]['samples_per_s']).items() if k.startswith('ddp@2 / raw@2')]
     paired = [o for n,o in rs if n.startswith('22_short_steps_paired')] # the same, blocks alternating within one launch
     if paired:
         from short_steps import summary as paired_summary # this folder's `tools/short_steps.py`
         (md,lo,hi),*_ = paired_summary(paired[0]['two']['res'])
-        k = "short steps (mlp), paired within one launch (`tools/short_steps.py`): fastddp@2 / raw@2"
+        k = f"short steps (mlp), paired within one launch (`tools/short_steps.py`){where(paired[0])}: fastddp@2 / raw@2"
         ls += [f"| {k} | {md:.2f} | {lo:.2f}-{hi:.2f} |"]
     return (provenance(r)+"\n\n"+'\n'.join(ls)
             + "\n\nAll tables: the [benchmarks page](https://fastddp.github.io/fastddp/benchmarks.html).")

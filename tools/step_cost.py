@@ -62,6 +62,7 @@ class Clock(Callback):
             l._backward = timed('backward (+ all-reduce under DDP)', l._backward)
             l._step = timed('optimizer step (fastai SGD, momentum)', l._step)
             l.opt.zero_grad = timed('zero_grad', l.opt.zero_grad)
+            l._set_device = timed("Learner._set_device (the batch to the model's device)", l._set_device)
             for cb in l.cbs:
                 if cb is self: continue
                 for ev in ('before_batch','after_pred','after_loss','before_backward','after_backward','before_step','after_step',
@@ -100,7 +101,8 @@ if ws>1: # the all-reduce of the gradients alone, and the backward alone (no_syn
 report(ms=res, extra=extra, cbs=[type(o).__name__ for o in learn.cbs])
 '''
 
-ORDER = ['DataLoader: next batch (DistributedDL / TfmdDL)', 'event dispatch (with the callbacks in it)',
+ORDER = ['DataLoader: next batch (DistributedDL / TfmdDL)', "Learner._set_device (the batch to the model's device)",
+         'event dispatch (with the callbacks in it)',
          'model forward (the module itself)', 'DDP forward: wrapper + module', 'loss function', 'backward (+ all-reduce under DDP)',
          'optimizer step (fastai SGD, momentum)', 'zero_grad',
          'callback TrainEvalCallback', 'callback Recorder', 'callback CastToTensor', 'callback DistributedTrainer', 'callback Heartbeat',
