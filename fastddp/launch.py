@@ -275,8 +275,8 @@ def _launch(a):
             return PREEMPTED
         print(f"fastddp-launch: stopped by {signal.Signals(e.sigval).name}; all ranks were stopped", file=sys.stderr, flush=True)
         return 128+int(e.sigval)
-    except json.JSONDecodeError as e: # raised by torch's agent, which had stopped every rank
-        print(f"fastddp-launch: {unreadable(e)}", file=sys.stderr, flush=True)
+    except json.JSONDecodeError as e: # raised by torch's agent reading a rank's error file, once it had stopped every rank
+        print(f"fastddp-launch: {unreadable(e) or f'{type(e).__name__}: {e}'}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else '' # torch's C++ errors carry their stack frames after the first line
@@ -292,12 +292,14 @@ def _launch(a):
 
 # %% ../nbs/01_launch.ipynb #0d94827e
 def unreadable(e:json.JSONDecodeError): # what torch's agent raised
-    "The message for an error file torch's agent could not read, naming the file from the frame that read it"
+    "The message for an error file torch's agent could not read, naming the file from the frame that read it; None if none was"
     fs = [f.f_locals.get('self') for f,_ in traceback.walk_tb(e.__traceback__)]
     fn = next((o.error_file for o in fs if hasattr(o, 'error_file')), None) # torch's `ProcessFailure`
-    return (f"a rank's error file{' '+fn if fn else ''} was empty or half-written when torch's agent read it ({e}): the rank was "
+    if fn is None: return None # JSON from elsewhere: the launcher's generic line
+    return (f"a rank's error file {fn} was empty or half-written when torch's agent read it ({e}): the rank was "
             "stopped while writing it (a script's own `@record` writes it in place); every rank was stopped, and the ranks' output "
             "above shows the first failure")
+
 
 # %% ../nbs/01_launch.ipynb #795dc320
 def main():
