@@ -9,7 +9,7 @@ __all__ = ['max_ratio', 'gpu_peaks', 'probe', 'cache_file', 'cpu_key', 'half_rat
            'report_cpu', 'device_peak']
 
 # %% ../nbs/00a_probe.ipynb #bf4481f7
-import os, json, time, platform, tempfile
+import os, json, time, platform, tempfile, contextlib
 from pathlib import Path
 from .core import *
 
@@ -66,15 +66,36 @@ def _write(p, c):
         os.replace(f.name, p) # atomic: a reader never sees half a file
     except OSError: pass # a read-only home: the probe runs again next time
 
+@contextlib.contextmanager
+def _lock(p):
+    "Hold an exclusive `flock` beside the cache file `p` (the kernel frees it if the process dies); no lock where none can be had"
+    try:
+        import fcntl
+        p.parent.mkdir(parents=True, exist_ok=True)
+        f = open(p.with_suffix('.lock'), 'a')
+    except (ImportError, OSError): f = None # Windows has no fcntl; a read-only home: measure without it
+    try:
+        if f: fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+    finally:
+        if f: f.close() # closing frees the lock
+
+def _cached(k:str, # the figure's name in this CPU's entry
+            measure): # called to measure it where the file has none
+    "This CPU's figure `k` from `cache_file()`, measured and written there when missing"
+    p,ck = cache_file(),cpu_key()
+    # under the lock, the ranks of a first run measure once, one at a time (not contending for the cores), and no write drops another's
+    with _lock(p):
+        c = _read(p)
+        rs = c.get(ck) if isinstance(c.get(ck), dict) else {}
+        if not isinstance(rs.get(k), (int,float)):
+            c[ck] = rs = {**rs, k: measure()}
+            _write(p, c)
+    return rs[k]
+
 def half_ratio(dt): # 'float16' or 'bfloat16' (or the torch dtype)
     "`probe(dt)` on this machine, measured once and cached in `cache_file()`"
-    p,k,d = cache_file(),cpu_key(),_name(dt)
-    c = _read(p)
-    rs = c.get(k) if isinstance(c.get(k), dict) else {}
-    if isinstance(rs.get(d), (int,float)): return rs[d]
-    c[k] = {**rs, d: probe(dt)}
-    _write(p, c)
-    return c[k][d]
+    return _cached(_name(dt), lambda: probe(dt))
 
 # %% ../nbs/00a_probe.ipynb #f45c3c85
 max_ratio = 1.2 # the probe's ops are the convs and matmuls that dominate a step, so a step costs about the probe's ratio
@@ -97,9 +118,11 @@ def matmul_flops(dt:str='float32', # the dtype of the matmul
                  secs:float=2.): # time to spend measuring, over all sizes
     "FLOP/s of the fastest square matmul in `dt` on this CPU: the best of repeated timings of each size"
     import torch
-    best = 0.
+    # a generator of its own: drawing from torch's would move the random stream a training (dropout, shuffles) draws from next, so a
+    # run that measured the peak (the first on a machine, or a rank that found no figure) would train differently from the next
+    best,g = 0.,torch.Generator().manual_seed(0)
     for n in ns:
-        a,b = torch.randn(n, n, dtype=getattr(torch, dt)),torch.randn(n, n, dtype=getattr(torch, dt))
+        a,b = (torch.randn(n, n, dtype=getattr(torch, dt), generator=g) for _ in range(2))
         a@b # warm-up: thread pool and allocator
         t_end = time.perf_counter()+secs/len(ns)
         while True:
@@ -110,13 +133,7 @@ def matmul_flops(dt:str='float32', # the dtype of the matmul
 
 def cpu_peak(dt:str='float32'): # 'float32', or a half dtype where the CPU has it
     "`matmul_flops(dt)` on this machine, measured once and cached in `cache_file()`"
-    p,k,d = cache_file(),cpu_key(),f'peak_{_name(dt)}'
-    c = _read(p)
-    rs = c.get(k) if isinstance(c.get(k), dict) else {}
-    if isinstance(rs.get(d), (int,float)): return rs[d]
-    c[k] = {**rs, d: matmul_flops(_name(dt))}
-    _write(p, c)
-    return c[k][d]
+    return _cached(f'peak_{_name(dt)}', lambda: matmul_flops(_name(dt)))
 
 # %% ../nbs/00a_probe.ipynb #374f0415
 def report_cpu():

@@ -5,6 +5,7 @@ from fastai.basics import DataLoaders, DataLoader, Learner, MSELossFlat, SGD, Ca
 from fastai.tabular.model import TabularModel
 from fastddp.throughput import Throughput, train_flops
 from fastddp.probe import cpu_peak, matmul_flops
+from fastddp.testing import run_ranks
 
 def analytic(model, xb):
     "3 x 2 x the multiply-accumulates of `model`'s convolutions and linear layers on `xb`, per sample"
@@ -64,3 +65,34 @@ def test_mfu(tmp_path, monkeypatch, request):
     s = max((o['total'] for o in learn.throughput.stats), key=lambda o: o['mfu'])
     pk = max(peak, matmul_flops())
     assert 0.2<=s['flops_s']/pk<=1.05, ([o['total']['flops_s'] for o in learn.throughput.stats], peak, pk)
+
+COLD = '''
+import os, sys
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.testing import report
+from fastddp.probe import cache_file, cpu_key
+from fastddp.throughput import Throughput
+os.environ['FASTDDP_CACHE'] = sys.argv[1] # empty: the first fit's `Throughput` measures this CPU's peak
+def fit(tp):
+    set_seed(0)
+    x = torch.randn(96, 16); ds = list(zip(x, x[:,:1]))
+    dls = DataLoaders(DataLoader(ds, bs=8, shuffle=True), DataLoader(ds[:16], bs=8), device='cpu')
+    m = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 1)) # dropout: a fit draws from torch's generator
+    learn = Learner(dls, m, loss_func=MSELossFlat(), lr=1e-2, cbs=Throughput() if tp else None)
+    with learn.no_bar(), learn.distrib_ctx(): learn.fit(2)
+    return dict(w=[p.detach().clone() for p in learn.model.parameters()], losses=[v[:2] for v in learn.recorder.values])
+cold = fit(True)
+report(cold=cold, warm=fit(True), plain=fit(False), peak=json.loads(cache_file().read_text())[cpu_key()].get('peak_float32'))
+'''
+
+def test_first_run_trains_as_the_next(tmp_path):
+    ("2 ranks, a model with dropout: the fit that measures the CPU's peak (an empty cache: the first run on a machine) ends bit-equal "
+     "to the next one, which reads it, and to a fit without `Throughput`; the peak measured once, kept")
+    rs = run_ranks(COLD, n=2, args=[tmp_path/'cache'])
+    for r in rs:
+        assert r['peak'] and r['peak']>0, r['peak']
+        for k in ('warm', 'plain'):
+            assert r['cold']['losses']==r[k]['losses'], (k, r['cold']['losses'], r[k]['losses'])
+            assert all(torch.equal(a, b) for a,b in zip(r['cold']['w'], r[k]['w'])), k
+    assert all(torch.equal(a, b) for a,b in zip(rs[0]['cold']['w'], rs[1]['cold']['w']))
