@@ -69,14 +69,14 @@ def _write(p, c):
 @contextlib.contextmanager
 def _lock(p):
     "Hold an exclusive `flock` beside the cache file `p` (the kernel frees it if the process dies); no lock where none can be had"
+    f = None
     try:
         import fcntl
         p.parent.mkdir(parents=True, exist_ok=True)
         f = open(p.with_suffix('.lock'), 'a')
-    except (ImportError, OSError): f = None # Windows has no fcntl; a read-only home: measure without it
-    try:
-        if f: fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+        fcntl.flock(f, fcntl.LOCK_EX)
+    except (ImportError, OSError): pass # no fcntl (Windows), a read-only home, a filesystem without locks: measure unlocked
+    try: yield
     finally:
         if f: f.close() # closing frees the lock
 
