@@ -115,8 +115,19 @@ def cpu_half(dt): # 'float16' or 'bfloat16' (or the torch dtype)
 # %% ../nbs/00a_probe.ipynb #7f6ceaa5
 def matmul_flops(dt:str='float32', # the dtype of the matmul
                  ns:tuple=(512,1024,2048), # sizes to try (n x n by n x n: 2n^3 FLOPs); the fastest counts
-                 secs:float=2.): # time to spend measuring, over all sizes
+                 secs:float=2., # time to spend measuring, over all sizes
+                 threads:int=None): # torch threads to measure on; None: every CPU this process may use (the host's peak)
     "FLOP/s of the fastest square matmul in `dt` on this CPU: the best of repeated timings of each size"
+    import torch
+    nt = torch.get_num_threads()
+    # the host's peak, whatever threads the caller runs on: a rank under a launcher (OMP_NUM_THREADS=1) measured one core's, and
+    # MFU, which divides a host's FLOP/s by it, came out above 1
+    torch.set_num_threads(threads or cpus()[0])
+    try: return _best_matmul(dt, ns, secs)
+    finally: torch.set_num_threads(nt)
+
+def _best_matmul(dt, ns, secs):
+    "The best FLOP/s of square matmuls of the sizes `ns` in `dt`, over `secs` seconds"
     import torch
     # a generator of its own: drawing from torch's would move the random stream a training (dropout, shuffles) draws from next, so a
     # run that measured the peak (the first on a machine, or a rank that found no figure) would train differently from the next
@@ -133,7 +144,7 @@ def matmul_flops(dt:str='float32', # the dtype of the matmul
 
 def cpu_peak(dt:str='float32'): # 'float32', or a half dtype where the CPU has it
     "`matmul_flops(dt)` on this machine, measured once and cached in `cache_file()`"
-    return _cached(f'peak_{_name(dt)}', lambda: matmul_flops(_name(dt)))
+    return _cached(f'host_peak_{_name(dt)}', lambda: matmul_flops(_name(dt)))
 
 # %% ../nbs/00a_probe.ipynb #374f0415
 def report_cpu():
