@@ -88,7 +88,7 @@ report(cold=cold, warm=fit(True), plain=fit(False), peak=json.loads(cache_file()
 
 def test_first_run_trains_as_the_next(tmp_path):
     ("2 ranks, a model with dropout: the fit that measures the CPU's peak (an empty cache: the first run on a machine) ends bit-equal "
-     "to the next one, which reads it, and to a fit without `Throughput`; the peak measured once, kept")
+     "to the next one, which reads it, and to a fit without `Throughput`; the peak kept in the cache")
     rs = run_ranks(COLD, n=2, args=[tmp_path/'cache'])
     for r in rs:
         assert r['peak'] and r['peak']>0, r['peak']
