@@ -22,6 +22,15 @@ def _step(x, w, m, dt):
         l = (F.conv2d(x, w, padding=1).relu().flatten(1) @ m).float().sum()
     l.backward()
 
+@contextlib.contextmanager
+def _threads(n:int):
+    "Run torch on `n` threads inside, the caller's number again after"
+    import torch
+    nt = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(nt)
+
 def probe(dt, # 'float16' or 'bfloat16' (or the torch dtype)
           n:int=5): # timed repeats; the best counts
     "How many times float32's time a small conv+matmul step takes under CPU autocast in `dt`"
@@ -29,14 +38,12 @@ def probe(dt, # 'float16' or 'bfloat16' (or the torch dtype)
     dt,g = _name(dt),torch.Generator().manual_seed(0)
     x,w,m = torch.randn(8,16,16,16, generator=g),torch.randn(32,16,3,3, generator=g),torch.randn(32*16*16, 64, generator=g)
     w.requires_grad_(); m.requires_grad_()
-    ts,nt = {None: [], dt: []},torch.get_num_threads()
-    torch.set_num_threads(1) # the ratio is per core, and threads contending for a busy machine's cores turn timings into noise
-    try:
+    ts = {None: [], dt: []}
+    with _threads(1): # the ratio is per core, and threads contending for a busy machine's cores turn timings into noise
         for i in range(n+2):
             for d in ts:
                 t0 = time.perf_counter(); _step(x, w, m, d); t = time.perf_counter()-t0
                 if i>1: ts[d].append(t) # two rounds warm up (oneDNN builds its kernels on first use)
-    finally: torch.set_num_threads(nt)
     return min(ts[dt])/min(ts[None])
 
 # %% ../nbs/00a_probe.ipynb #19fe2f21
@@ -119,27 +126,20 @@ def matmul_flops(dt:str='float32', # the dtype of the matmul
                  threads:int=None): # torch threads to measure on; None: every CPU this process may use (the host's peak)
     "FLOP/s of the fastest square matmul in `dt` on this CPU: the best of repeated timings of each size"
     import torch
-    nt = torch.get_num_threads()
-    # the host's peak, whatever threads the caller runs on: a rank under a launcher (OMP_NUM_THREADS=1) measured one core's, and
-    # MFU, which divides a host's FLOP/s by it, came out above 1
-    torch.set_num_threads(threads or cpus()[0])
-    try: return _best_matmul(dt, ns, secs)
-    finally: torch.set_num_threads(nt)
-
-def _best_matmul(dt, ns, secs):
-    "The best FLOP/s of square matmuls of the sizes `ns` in `dt`, over `secs` seconds"
-    import torch
     # a generator of its own: drawing from torch's would move the random stream a training (dropout, shuffles) draws from next, so a
     # run that measured the peak (the first on a machine, or a rank that found no figure) would train differently from the next
     best,g = 0.,torch.Generator().manual_seed(0)
-    for n in ns:
-        a,b = (torch.randn(n, n, dtype=getattr(torch, dt), generator=g) for _ in range(2))
-        a@b # warm-up: thread pool and allocator
-        t_end = time.perf_counter()+secs/len(ns)
-        while True:
-            t0 = time.perf_counter(); a@b; t = time.perf_counter()-t0
-            best = max(best, 2*n**3/t) # the best timing is the one least disturbed by other processes
-            if time.perf_counter()>t_end: break
+    # the host's peak, whatever threads the caller runs on: a rank under a launcher (OMP_NUM_THREADS=1) measured one core's, and
+    # MFU, which divides a host's FLOP/s by it, came out above 1
+    with _threads(threads or cpus()[0]):
+        for n in ns:
+            a,b = (torch.randn(n, n, dtype=getattr(torch, dt), generator=g) for _ in range(2))
+            a@b # warm-up: thread pool and allocator
+            t_end = time.perf_counter()+secs/len(ns)
+            while True:
+                t0 = time.perf_counter(); a@b; t = time.perf_counter()-t0
+                best = max(best, 2*n**3/t) # the best timing is the one least disturbed by other processes
+                if time.perf_counter()>t_end: break
     return best
 
 def cpu_peak(dt:str='float32'): # 'float32', or a half dtype where the CPU has it
