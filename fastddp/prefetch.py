@@ -33,8 +33,12 @@ def _record(o, s):
     if isinstance(o, Tensor): o.record_stream(s)
     return o
 
+def _pinned(o):
+    "`o` copied to pinned memory if it is a CPU tensor, the only kind that can be pinned; anything else (a GPU tensor) as it is"
+    return o.pin_memory() if isinstance(o, Tensor) and o.device.type=='cpu' else o
+
 def _host_batches(dl):
-    "fastai's loader iteration up to its copy: the collated batches, in CPU memory (pinned when the loader pins)"
+    "fastai's loader iteration up to its copy: the collated batches (pinned when the loader pins, in a thread beside its workers)"
     dl.randomize(); dl.before_iter()
     dl._DataLoader__idxs = dl.get_idxs() # in this process, as fastai does: the workers read it
     for b in _loaders[dl.fake_l.num_workers==0](dl.fake_l):
@@ -86,11 +90,14 @@ class Prefetch(Callback):
         # a worker forked while cyclic garbage holds pinned or CUDA memory frees it in the child, where CUDA cannot run: torch aborts
         # there ("CUDA error: initialization error" in ~TensorImpl, seen on an H200 at a second fit). Collect it first
         if ahead: gc.collect()
-        old,dl.fake_l.pin_memory = dl.fake_l.pin_memory,gpu # torch's loader pins as it collates, or in a thread of this process
+        # with workers torch's loader pins in a thread of this process, beside them. Without, the batch is made here, and may hold
+        # tensors on the GPU already (a dataset kept there), which torch's pinning refuses: its CPU tensors are pinned in `copy`
+        old,dl.fake_l.pin_memory = dl.fake_l.pin_memory,gpu and ahead
         def copy(bk): # queued on the side stream: the CPU goes on at once
             b,k = bk
             if not gpu: return to_device(b, dev),None,k
-            with torch.cuda.stream(side): d = to_device(b, dev, non_blocking=True)
+            if not ahead: b = apply(_pinned, b)
+            with torch.cuda.stream(side): d = to_device(b, dev, non_blocking=True) # a tensor on `dev` already stays as it is
             return d,side.record_event(),k
         def ready(d, ev, k): # the main stream reads `d` only once its copy is done; its memory stays its until then
             if ev is not None: main.wait_event(ev); apply(_record, d, main)

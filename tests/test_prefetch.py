@@ -81,3 +81,51 @@ def test_gpu():
     assert o['syncs'][0]==0 and o['bf16_syncs']==0, (o['syncs'], o['first_syncs'], o['bf16_first'])
     assert o['syncs'][1]>=o['steps'], o['syncs'] # the counter sees fastai's `to_device(non_blocking=False)`
     assert rs.out.count('side stream')==1 # said once
+
+ON_GPU = r'''
+import warnings, torch
+import fastddp
+from torch import nn
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.testing import report
+
+class Seen(Callback):
+    "Each training batch, and the host syncs CUDA counted in the training steps"
+    order = -1e9
+    def before_fit(self): self.xs,self.on = [],False
+    def before_batch(self):
+        if not self.training: return
+        self.xs.append(self.xb[0].clone())
+        if not self.on: torch.cuda.set_sync_debug_mode('warn'); self.on = True
+    def after_train(self):
+        if self.on: torch.cuda.set_sync_debug_mode(0); self.on = False
+
+def fit(prefetch, where): # where: which of the inputs (x) and targets (y) the dataset keeps on the GPU
+    set_seed(0)
+    x,y = torch.randn(512, 8),torch.randn(512, 1)
+    ds = list(zip(x.cuda() if 'x' in where else x, y.cuda() if 'y' in where else y))
+    dls = DataLoaders.from_dsets(ds, ds[:64], bs=64, device='cuda', num_workers=0)
+    learn = Learner(dls, nn.Linear(8, 1), loss_func=MSELossFlat(), lr=0.01, cbs=Seen())
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter('always')
+        with learn.distrib_ctx(prefetch=prefetch): learn.fit(2)
+    return dict(xs=[o.cpu() for o in learn.seen.xs], ps=[p.detach().cpu() for p in learn.model.parameters()],
+                syncs=sum('called a synchronizing CUDA operation' in str(w.message) for w in ws), pin=dls.train.fake_l.pin_memory)
+
+res = {}
+for where in ('x', 'xy'):
+    a,b = fit(True, where),fit(False, where)
+    res[where] = dict(steps=len(a['xs']), same_batches=all(torch.equal(x, y) for x,y in zip(a['xs'], b['xs'])),
+                      diff=max((p-q).abs().max().item() for p,q in zip(a['ps'], b['ps'])), syncs=a['syncs'], pin=a['pin'])
+report(**res)
+'''
+
+@pytest.mark.cuda
+def test_gpu_resident_data():
+    ("One GPU under the launcher, a dataset kept on the GPU and no workers (the inputs there, or inputs and targets): `Prefetch` pins "
+     "only the batch's CPU tensors (torch's pinning refuses a GPU tensor), trains as without it, and syncs the host in no step")
+    o = run_ranks(ON_GPU, n=1, timeout=300)[0]
+    for where,r in o.items():
+        assert r['steps']==16 and r['same_batches'] and r['diff']<=1e-6, (where, r)
+        assert r['syncs']==0 and r['pin'] is False, (where, r)
