@@ -78,6 +78,10 @@ class ThroughputMetric(Metric):
     def name(self): return self.key
 
 # %% ../nbs/05a_throughput.ipynb #05ea96b2
+def _drain(dev):
+    "Wait for the work queued on `dev` if it is a GPU, where the host queues a step's kernels and goes on"
+    if dev.type=='cuda': torch.cuda.synchronize(dev)
+
 class Throughput(Callback):
     "Samples/s, batches/s, tokens/s, FLOPs per sample, FLOP/s and MFU of each epoch's training, per rank and in total"
     order = -20 # before the other callbacks' `before_batch`, so the counted batch is the model's own input
@@ -106,6 +110,7 @@ class Throughput(Callback):
             self.flops = train_flops(self.model_, self.xb, self.loss_func, self.yb)
             if self.flops is not None: self.flops /= find_bs(self.xb)
             elif not is_sharded(self.model_): self.share = uncounted_share(self.model_, self.xb)
+            _drain(self.dev) # the count's kernels are not the epoch's
         if self.t0 is None: self.t0 = time.perf_counter()
     def after_batch(self):
         if not self.training: return
@@ -115,6 +120,7 @@ class Throughput(Callback):
         if len(self.xb)==1 and not torch.is_floating_point(x) and x.dim()==2: self.ntok += x.numel()
     def after_train(self):
         if self.t0 is None: return
+        _drain(self.dev) # the epoch ends with its last kernel, not when the host has queued it (a wait an epoch, outside the steps)
         t = time.perf_counter()-self.t0
         loc = [self.n, self.nb, self.ntok, t]
         rs = all_gather_list(loc) if is_distributed(self.learn) else [loc] # one small exchange per epoch

@@ -96,3 +96,39 @@ def test_first_run_trains_as_the_next(tmp_path):
             assert r['cold']['losses']==r[k]['losses'], (k, r['cold']['losses'], r[k]['losses'])
             assert all(torch.equal(a, b) for a,b in zip(r['cold']['w'], r[k]['w'])), k
     assert all(torch.equal(a, b) for a,b in zip(rs[0]['cold']['w'], rs[1]['cold']['w']))
+
+ON_GPU = r'''
+import time, torch
+import fastddp
+from torch import nn
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.throughput import Throughput
+from fastddp.testing import report
+
+class Drained(Callback):
+    "Each epoch's training seconds from its first batch on, as `Throughput` times them, the GPU drained at both ends"
+    order = Throughput.order+1
+    def before_fit(self): self.eps = []
+    def before_train(self): self.t0 = None
+    def before_batch(self):
+        if self.training and self.t0 is None: torch.cuda.synchronize(); self.t0 = time.perf_counter()
+    def after_train(self): torch.cuda.synchronize(); self.eps.append(time.perf_counter()-self.t0)
+
+# long steps of GPU work and little for the host: it queues many steps ahead of the GPU (no step of `distrib_ctx` waits for it)
+d,bs = 4096,1024
+x = torch.randn(bs*12, d, device='cuda'); ds = list(zip(x, x[:,:1]))
+dls = DataLoaders.from_dsets(ds, ds[:bs], bs=bs, device='cuda', num_workers=0)
+model = nn.Sequential(*[o for _ in range(6) for o in (nn.Linear(d, d), nn.ReLU())], nn.Linear(d, 1))
+learn = Learner(dls, model, loss_func=MSELossFlat(), opt_func=SGD, lr=1e-4, cbs=[Throughput(), Drained()])
+with learn.no_bar(), learn.distrib_ctx(): learn.fit(3)
+report(tp=[o['total']['seconds'] for o in learn.throughput.stats], drained=learn.drained.eps)
+'''
+
+@pytest.mark.cuda
+def test_gpu_seconds():
+    ("One GPU under the launcher: the host queues each step's kernels and goes on, yet `Throughput` times each epoch until its last "
+     "kernel is done, within 3% of a clock that drains the GPU at both ends (a host clock alone ends it many steps early)")
+    o = run_ranks(ON_GPU, n=1, timeout=300)[0]
+    assert len(o['tp'])==len(o['drained'])==3, o
+    for a,b in zip(o['tp'], o['drained']): assert abs(a/b-1)<0.03, (o['tp'], o['drained'])
