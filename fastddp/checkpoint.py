@@ -87,7 +87,7 @@ def load_latest(path):
         except Exception as e: warn_once(f"checkpoint {f} is unreadable ({type(e).__name__}): "
                                          +(f"falling back to {fs[i+1].name}" if i+1<len(fs) else "no older one"))
     if fs: raise DistribError(f"no checkpoint in {path} can be read ({', '.join(o.name for o in fs)}): delete them, or start over "
-                              "with resume=False")
+                              "with Checkpoint(resume=False), --no-resume in the example scripts")
     return None, None
 
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a02
@@ -232,7 +232,7 @@ def _load(self:Checkpoint, f, st):
         if st['ws']!=world_size() and st['iter']:
             raise DistribError(f"{f.name} was written mid-epoch by {st['ws']} rank(s) and this run has {world_size()}: a sharded run "
                                "resumes at another world size only from an epoch's end (Checkpoint(every='epoch'), or start over with "
-                               "resume=False)")
+                               "resume=False: --no-resume in the example scripts)")
         load_sharded(self.learn, f, st) # every tensor made where its parameter is
     else:
         get_model(self.learn.model).load_state_dict(st['model']) # copied into the parameters and buffers, on their device

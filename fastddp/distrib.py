@@ -9,7 +9,7 @@ __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 
            'plain_loss']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
-import os, sys, atexit, inspect, difflib
+import os, sys, atexit, inspect, difflib, pickle
 from functools import wraps
 from types import MethodType
 import torch, torch.distributed as dist
@@ -64,13 +64,32 @@ def leave_at_exit():
     if not _leaving: _leaving.append(atexit.register(teardown_distrib))
 
 # %% ../nbs/03_distrib.ipynb #f9dee405
+def _packed(e):
+    "Rank 0's exception `e` for the others: its type's name, its message, and itself pickled (None where it does not pickle)"
+    try: b = pickle.dumps(e)
+    except (pickle.PicklingError, TypeError, AttributeError): b = None
+    return type(e).__name__,str(e),b
+
+def _unpacked(name, msg, b):
+    "Rank 0's exception on another rank: itself, or a `DistribError` naming it where it cannot be rebuilt"
+    if b is not None:
+        try: return pickle.loads(b)
+        except (TypeError, AttributeError, ImportError, pickle.UnpicklingError): pass # its class, or its arguments, are not rebuilt here
+    return DistribError(f"rank 0 failed: {name}: {msg}")
+
 def rank0_first(func, *args, **kwargs):
-    "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation"
+    "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation. Rank 0's error is every rank's"
     if args or kwargs: func = partial(func, *args, **kwargs)
     use_slurm()
     if world_size()>1: setup_distrib()
-    if is_rank0(): res = func()
-    distrib_barrier()
+    err = None
+    if is_rank0():
+        try: res = func()
+        except Exception as e: err = e # raised below, once the others know: they would wait in a barrier rank 0 never reaches
+    if dist.is_initialized() and dist.get_world_size()>1: # one exchange, a barrier too: rank 0's error, or None
+        p = all_gather_list(None if err is None else _packed(err))[0]
+        if p is not None and err is None: raise _unpacked(*p)
+    if err is not None: raise err
     if not is_rank0(): res = func()
     return res
 

@@ -20,6 +20,7 @@ from .data import make_pets, make_imdb_sample, make_imdb, make_adult, check_layo
 from .train import ScaleLR, Accumulate
 from .precision import amp_dtype
 from .distrib import rank0_first
+from .worker import WholeErrorFile
 from .checkpoint import Checkpoint
 from .shard import is_sharded
 from .timecost import TimeCost
@@ -27,15 +28,23 @@ from .throughput import Throughput
 
 # %% ../nbs/08_script.ipynb #78e23618
 class ScriptError(DistribError):
-    "Bad input to an example script: one line (from rank 0), exit code 2"
+    "Bad input to an example script: one line, exit code 2"
+
+def _record(msg:str):
+    "Write `msg` as a `ScriptError` to this rank's error file for torch's agent, with a traceback of one frame (bad input, not a bug)"
+    try: raise ScriptError(msg) from None # torch's record takes the traceback of the exception being handled
+    except ScriptError as e: WholeErrorFile().record_exception(e)
 
 def run_main(f):
-    "Call `f()`, turning a `ScriptError` into one line on rank 0 and exit code 2 on every rank"
+    "Call `f()`, turning a `ScriptError` into one line (rank 0's, or the launcher's from every rank's error file) and exit code 2"
     use_slurm() # the scripts read their rank before `distrib_ctx` (to print, to download on rank 0 first)
     try: return f()
-    except ScriptError as e:
-        if is_rank0(): print(f"{Path(sys.argv[0]).name}: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    except ScriptError as e: msg = str(e)
+    # under torch's agent (fastddp-launch, torchrun) every rank's error file holds the line, and the launcher prints it, whichever
+    # rank ended first (it may stop rank 0 before rank 0 could print)
+    if os.environ.get('TORCHELASTIC_ERROR_FILE'): _record(msg)
+    elif is_rank0(): print(f"{Path(sys.argv[0]).name}: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 # %% ../nbs/08_script.ipynb #b1db1415
 _makers = {'pets': make_pets, 'imdb_sample': make_imdb_sample, 'imdb': make_imdb, 'adult': make_adult}
@@ -43,6 +52,8 @@ _makers = {'pets': make_pets, 'imdb_sample': make_imdb_sample, 'imdb': make_imdb
 # or a full disk raises something else, and is not reported as "offline"
 offline_errors = (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException)
 _urls = {'pets': 'PETS', 'imdb_sample': 'IMDB_SAMPLE', 'imdb': 'IMDB', 'adult': 'ADULT_SAMPLE'}
+# fastai's random split of 20% must leave each of the 37 breeds an image to train on (fastai: "Label 'x' was not included")
+_fewest = {'pets': 4*37}
 
 def get_data(kind:str, # 'pets', 'imdb_sample', 'imdb' or 'adult'
              data:str=None, # a folder in fastai's layout
@@ -53,6 +64,8 @@ def get_data(kind:str, # 'pets', 'imdb_sample', 'imdb' or 'adult'
     if data:
         try: return check_layout(Path(data).expanduser(), kind)
         except FileNotFoundError as e: raise ScriptError(f"--data {data}: {e}") from None
+    if synthetic and synthetic<_fewest.get(kind, 1):
+        raise ScriptError(f"--synthetic {synthetic}: at least {_fewest[kind]} for {kind} (4 images of each of its 37 classes)")
     if synthetic: return rank0_first(_makers[kind], Path(root).expanduser()/f'{kind}_{synthetic}', n=synthetic)
     from fastai.data.external import untar_data, URLs
     url = getattr(URLs, _urls[kind])

@@ -51,11 +51,30 @@ def test_script(tmp_path):
     check_run('tabular', 1, rs, tmp_path/'o', tmp_path/'data')
 
 def test_bad_input(tmp_path):
-    "Offline with no --data, or --data in the wrong layout: one message, exit code 2"
+    "Offline with no --data, --data in the wrong layout, or too few generated pets for fastai's split: one message, exit code 2"
     p = subprocess.run([sys.executable, str(S/'tabular_ddp.py')], capture_output=True, text=True)
     assert p.returncode==2 and "pass --data PATH" in p.stderr and "--synthetic N" in p.stderr.splitlines()[-1]
     p = subprocess.run([sys.executable, str(S/'pets_ddp.py'), '--data', str(tmp_path)], capture_output=True, text=True)
     assert p.returncode==2 and f"--data {tmp_path}" in p.stderr.splitlines()[-1] and "images" in p.stderr.splitlines()[-1]
+    p = subprocess.run([sys.executable, str(S/'pets_ddp.py'), '--synthetic', '74'], capture_output=True, text=True) # 2 images a breed
+    assert p.returncode==2 and "--synthetic 74: at least 148 for pets" in p.stderr.splitlines()[-1], p.stderr[-2000:]
+
+def test_bad_input_two_ranks(tmp_path):
+    ("Under 2 ranks, bad input is one line whichever rank ends first: offline with no --data (rank 0 fails in `rank0_first`, the other "
+     "raises the same error instead of losing its peer) under fastddp-launch and torchrun, and --data in the wrong layout")
+    env = {**__import__('os').environ, 'FASTDDP_DATA': str(tmp_path/'data')}
+    launch = [sys.executable, '-m', 'fastddp.launch', '--nproc', '2']
+    cmds = {'offline, fastddp-launch': (launch+[str(S/'tabular_ddp.py')], 'could not download'),
+            'offline, torchrun': ([sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', str(S/'tabular_ddp.py')],
+                                  'could not download'),
+            'wrong --data': (launch+[str(S/'pets_ddp.py'), '--data', str(tmp_path)], f"--data {tmp_path}: expected")}
+    for k,(cmd,msg) in cmds.items():
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        out = p.stdout+p.stderr
+        assert p.returncode!=0 and f"ScriptError: {msg}" in out, (k, out[-3000:])
+        assert 'Connection closed by peer' not in out and 'urllib' not in out, (k, out[-3000:]) # no lost peer, no traceback of the cause
+        if 'fastddp' in cmd[2]: # the launcher's line: the cause, once (the other rank failed the same way, or was stopped first)
+            assert sum(f"ScriptError: {msg}" in l for l in out.splitlines())==1, (k, out[-3000:])
 
 def test_script_checkpoint(tmp_path):
     ("--checkpoint DIR saves every epoch and the next run resumes from it; --no-resume starts over (with --dp: DataParallel, under "
