@@ -809,4 +809,5 @@ d = { 'settings': { 'branch': 'main',
                                 'fastddp.worker.WholeErrorFile.record_exception': ( 'worker.html#wholeerrorfile.record_exception',
                                                                                     'fastddp/worker.py'),
                                 'fastddp.worker._exit': ('worker.html#_exit', 'fastddp/worker.py'),
+                                'fastddp.worker.die_with_parent': ('worker.html#die_with_parent', 'fastddp/worker.py'),
                                 'fastddp.worker.run_script': ('worker.html#run_script', 'fastddp/worker.py')}}}

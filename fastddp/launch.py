@@ -271,6 +271,7 @@ def _launch(a):
     for k in list(logging.root.manager.loggerDict): # torch's modules set their own level
         if k.startswith('torch.distributed.elastic'): logging.getLogger(k).setLevel(logging.CRITICAL)
     fwd = Forward(getattr(cfg, 'shutdown_timeout', 30)).install() # torch < 2.10: the agent's fixed 30 s
+    os.environ['FASTDDP_LAUNCHER_PID'] = str(os.getpid()) # the workers end with this process (`fastddp.worker.die_with_parent`)
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
     except ChildFailedError as e:
         if all(f.exitcode==PREEMPTED for f in e.failures.values()): # a signal that reached the ranks only

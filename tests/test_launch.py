@@ -49,6 +49,17 @@ def test_signal_stops_all(sig, marker):
     assert f"stopped by {sig.name}" in out, out[-2000:]
     assert not wait_gone(marker, 30)
 
+def test_launcher_killed(marker):
+    ("The launcher killed at once (SIGKILL, the OOM killer): the kernel sends each rank SIGTERM (`fastddp.worker.die_with_parent`), "
+     "and no rank goes on training unseen")
+    p,d = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000])
+    end = time.time()+60
+    while len(procs_with(marker))<3 and time.time()<end: time.sleep(0.2) # the launcher and both ranks
+    time.sleep(2)
+    assert len(procs_with(marker))==3
+    p.kill(); p.communicate(timeout=30)
+    assert not wait_gone(marker, 30)
+
 @pytest.mark.smoke
 def test_ranks_and_prefixes(marker, tmp_path):
     ("Every rank runs; lines of ranks other than 0 are prefixed; a busy 29500 does not matter when no port is given; "
