@@ -103,7 +103,12 @@ def fail_msg(e, nnodes:int=1): # the number of nodes in the job
     fs = e.failures
     # ranks the agent stopped died of its SIGTERM/SIGKILL; of those that ended by themselves, a lost peer is a symptom,
     # not a cause, and torch's timestamps are whole seconds, so they decide only between the rest
-    own = {r:f for r,f in fs.items() if f.exitcode>0} or fs
+    own = {r:f for r,f in fs.items() if f.exitcode>0}
+    # but a rank killed by a signal the agent does not stop ranks with (SIGKILL from the OOM killer or a user, SIGSEGV, SIGABRT) is the
+    # cause when every rank that ended by itself only lost its peer
+    hit = {r:f for r,f in fs.items() if f.exitcode<0 and -f.exitcode!=signal.SIGTERM}
+    if hit and all(peer_lost(_why(f)) for f in own.values()): own = hit
+    own = own or fs
     r0 = min(own, key=lambda r: (peer_lost(_why(own[r])), own[r].timestamp, r))
     res = [f"rank {r0} (pid {fs[r0].pid}) failed: {_why(fs[r0])}"]
     same = sorted(r for r in fs if r!=r0 and fs[r].exitcode>0 and _why(fs[r])==_why(fs[r0])) # bad input: every rank says the same

@@ -2,7 +2,7 @@
 import os, re, sys, time, json, signal, socket, subprocess, pytest
 from pathlib import Path
 from fastddp.launch import free_port, launch
-from fastddp.testing import run_ranks
+from fastddp.testing import run_ranks, read_reports
 from conftest import procs_with, wait_gone, start, ROOT
 
 # A plain torch DDP-style loop: cheap to start (no fastai import), and blocks in all_reduce like real training.
@@ -58,6 +58,19 @@ def test_launcher_killed(marker):
     time.sleep(2)
     assert len(procs_with(marker))==3
     p.kill(); p.communicate(timeout=30)
+    assert not wait_gone(marker, 30)
+
+def test_rank_killed(marker):
+    ("A rank killed from outside (SIGKILL: the OOM killer): the launcher names it as the cause, not its peer whose collective then "
+     "failed")
+    p,d = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000])
+    end = time.time()+60
+    while None in read_reports(d, 2) and time.time()<end: time.sleep(0.2) # both ranks have joined and reported
+    pid = read_reports(d, 2)[1]['pid']
+    time.sleep(1)
+    os.kill(pid, signal.SIGKILL)
+    out,_ = p.communicate(timeout=60)
+    assert p.returncode!=0 and f"rank 1 (pid {pid}) failed: killed by SIGKILL" in out, out[-2000:]
     assert not wait_gone(marker, 30)
 
 @pytest.mark.smoke
