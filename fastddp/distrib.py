@@ -86,9 +86,8 @@ def rank0_first(func, *args, **kwargs):
     if is_rank0():
         try: res = func()
         except Exception as e: err = e # raised below, once the others know: they would wait in a barrier rank 0 never reaches
-    if dist.is_initialized() and dist.get_world_size()>1: # one exchange, a barrier too: rank 0's error, or None
-        p = all_gather_list(None if err is None else _packed(err))[0]
-        if p is not None and err is None: raise _unpacked(*p)
+    p = all_gather_list(None if err is None else _packed(err))[0] # one exchange, a barrier too (none in one process): rank 0's error
+    if p is not None and err is None: raise _unpacked(*p)
     if err is not None: raise err
     if not is_rank0(): res = func()
     return res

@@ -35,14 +35,19 @@ def test_rank_failure_stops_all(mode, why, marker):
     assert not wait_gone(marker, 5)
     assert not any(o.get('done') for o in rs)
 
+def _training(marker):
+    "`LOOP` started under fastddp-launch on 2 ranks, once the launcher and both ranks run: the launcher's `Popen`"
+    p,_ = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000])
+    end = time.time()+60
+    while len(procs_with(marker))<3 and time.time()<end: time.sleep(0.2) # the launcher and both ranks
+    time.sleep(2)
+    return p
+
 # SIGINT only in `make test`: it takes ~34 s here against SIGTERM's few (torch's agent handles it, with a 30 s grace)
 @pytest.mark.parametrize('sig', [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_signal_stops_all(sig, marker):
     "Ctrl-C or SIGTERM to the launcher stops all ranks and exits non-zero; no stray process"
-    p,d = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000])
-    end = time.time()+60
-    while len(procs_with(marker))<3 and time.time()<end: time.sleep(0.2) # the worker bootstrap and both ranks
-    time.sleep(2)
+    p = _training(marker)
     p.send_signal(sig)
     out,_ = p.communicate(timeout=60)
     assert p.returncode!=0
@@ -52,10 +57,7 @@ def test_signal_stops_all(sig, marker):
 def test_launcher_killed(marker):
     ("The launcher killed at once (SIGKILL, the OOM killer): the kernel sends each rank SIGTERM (`fastddp.worker.die_with_parent`), "
      "and no rank goes on training unseen")
-    p,d = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000])
-    end = time.time()+60
-    while len(procs_with(marker))<3 and time.time()<end: time.sleep(0.2) # the launcher and both ranks
-    time.sleep(2)
+    p = _training(marker)
     assert len(procs_with(marker))==3
     p.kill(); p.communicate(timeout=30)
     assert not wait_gone(marker, 30)
