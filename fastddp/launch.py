@@ -285,7 +285,8 @@ def _launch(a):
             return PREEMPTED
         for l in fail_msg(e, a.nnodes): print(f"fastddp-launch: {l}", file=sys.stderr)
         print("fastddp-launch: the other ranks were stopped", file=sys.stderr, flush=True)
-        return 1
+        # bad input (a script's `ScriptError`, a wrong argument) is 2 on each rank that ended by itself, as in one process
+        return 2 if {f.exitcode for f in e.failures.values() if f.exitcode>0}=={2} else 1
     except SignalException as e:
         if fwd.codes and all(o==PREEMPTED for o in fwd.codes.values()):
             print(f"fastddp-launch: {signal.Signals(e.sigval).name}: every rank wrote the checkpoint and stopped: exit code {PREEMPTED}",
