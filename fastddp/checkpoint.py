@@ -83,9 +83,15 @@ def load_latest(path):
     "`(file, state)` of the newest checkpoint in `path` that loads, saying which were skipped; `(None, None)` if none"
     fs = checkpoints(path)
     for i,f in enumerate(fs):
-        try: return f, torch.load(f/'meta.pth' if f.is_dir() else f, map_location='cpu', weights_only=False)
-        except Exception as e: warn_once(f"checkpoint {f} is unreadable ({type(e).__name__}): "
-                                         +(f"falling back to {fs[i+1].name}" if i+1<len(fs) else "no older one"))
+        try: st = torch.load(f/'meta.pth' if f.is_dir() else f, map_location='cpu', weights_only=False)
+        except Exception as e:
+            nxt = f"falling back to {fs[i+1].name}" if i+1<len(fs) else "no older one"
+            warn_once(f"checkpoint {f} is unreadable ({type(e).__name__}): {nxt}")
+            continue
+        # set aside (renamed, kept): `keep` counts the readable ones, and `_save` would delete this good one first
+        if is_rank0():
+            for o in fs[:i]: o.rename(o.with_name(o.name+'.unreadable'))
+        return f, st
     if fs: raise DistribError(f"no checkpoint in {path} can be read ({', '.join(o.name for o in fs)}): delete them, or start over "
                               "with Checkpoint(resume=False), --no-resume in the example scripts")
     return None, None
