@@ -6,10 +6,10 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 'check_args', 'is_torch_dl', 'from_torch',
-           'plain_loss']
+           'data_sample', 'same_data', 'plain_loss']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
-import os, sys, atexit, inspect, difflib, pickle
+import os, sys, atexit, inspect, difflib, pickle, cloudpickle
 from functools import wraps
 from types import MethodType
 import torch, torch.distributed as dist
@@ -203,7 +203,7 @@ def zero_grad(self:Optimizer):
 
 
 # %% ../nbs/03_distrib.ipynb #f25f86fd
-from .stream import is_stream, stream_dl, StreamDL
+from .stream import is_stream, stream_dl, stream_len, StreamDL
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, cls=DistributedDL):
     "Shard `dl` across ranks with `cls` (over a stream: `StreamDL` or `StreamExactDL`), its batches on this rank's device"
@@ -276,9 +276,32 @@ def before_train(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl)
     if isinstance(self.learn.dl, StreamDL): self.learn.dl.set_epoch(self.epoch)
 
+# %% ../nbs/03_distrib.ipynb #124b879f
+_names = (str, Path, int, float, np.integer, np.floating)
+def data_sample(dl, k:int=8):
+    "`(number of items, k of them picked by position)` of `dl`'s dataset when its items are names or numbers; None otherwise"
+    ds = getattr(dl, 'dataset', None)
+    its = getattr(ds.tls[0] if hasattr(ds, 'tls') else ds, 'items', None) # fastai's `Datasets`, `TfmdLists`, `TabularPandas`
+    if isinstance(its, pd.DataFrame): its = its.index # a table: its rows' labels
+    if its is None or not hasattr(its, '__len__') or isinstance(its, str): return None
+    n = len(its)
+    pick = [its[i] for i in sorted({j*(n-1)//max(k-1, 1) for j in range(k)})] if n else []
+    return (n, [str(o) for o in pick]) if all(isinstance(o, _names) for o in pick) else None
+
+def same_data(dls):
+    "Raise one clear error when the ranks' loaders hold different items (one exchange)"
+    got = all_gather_list([data_sample(dl) for dl in dls])
+    for r,g in enumerate(got):
+        for i,(a,b) in enumerate(zip(got[0], g)):
+            if a is not None and b is not None and a!=b:
+                raise DistribError(f"rank {r}'s {'training' if i==0 else 'validation'} set differs from rank 0's ({b[0]} items from "
+                                   f"{b[1][0]!r}, rank 0: {a[0]} from {a[1][0]!r}): a random split drew a different one on each rank; "
+                                   "seed the split (RandomSplitter(seed=42), valid_pct with seed=42) or seed every rank alike")
+
 # %% ../nbs/03_distrib.ipynb #446a20c6
 @patch
 def before_fit(self:DistributedTrainer):
+    same_data(self.dls)
     m = self.model
     if self._use_sync_bn():
         try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
@@ -558,6 +581,8 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     # `sync_bn`'s doc comes from `DistributedTrainer` (docments reads the comment of the last name on a line)
     use_slurm()
     check_args(self.model, sync_bn=sync_bn, **kwargs)
+    tr = (getattr(getattr(self, 'dls', None), 'loaders', None) or [None])[0] # none in fastai's `rank0_first`
+    if is_stream(tr) and getattr(tr, 'n', 0) is None: stream_len(tr) # asks for `n=` at any world size (fastai: a bare TypeError)
     backend = kwargs.get('backend')
     ok = False
     if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
@@ -581,6 +606,26 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     finally:
         self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective
         if cc is not None: self.remove_cb(cc); cc.undo() # the learner leaves with its eager model (fastai's export, pickle)
+
+# %% ../nbs/03_distrib.ipynb #468579d9
+_synced_load = Learner.load # fastddp.shard's: into the shards of a sharded model
+@patch
+@delegates(load_model)
+def load(self:Learner, file, device=None, **kwargs):
+    "Load model and optimizer state from `self.path/self.model_dir/file`, waiting for every rank only inside `distrib_ctx`"
+    if is_distributed(self): return _synced_load(self, file, device=device, **kwargs)
+    if device is None and hasattr(self.dls, 'device'): device = self.dls.device # fastai's `load`, without its barrier
+    if self.opt is None: self.create_opt()
+    load_model(join_path_file(file, self.path/self.model_dir, ext='.pth'), self.model, self.opt, device=device, **kwargs)
+    return self
+
+# %% ../nbs/03_distrib.ipynb #0ff91923
+_plain_export = Learner.export # fastddp.shard's: without the `DistributedTrainer`, written whole
+@patch
+def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
+    "Export the learner for inference, without the callbacks that train data-parallel"
+    cbs = self.cbs.filter(lambda o: isinstance(o, (Tune, Prefetch, Heartbeat)) or type(o) is Preempt) # `Checkpoint` stays
+    with self.removed_cbs(cbs): _plain_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
 
 # %% ../nbs/03_distrib.ipynb #d99f3a5f
 _pt_before_fit = ParallelTrainer.before_fit

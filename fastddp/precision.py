@@ -16,9 +16,9 @@ from .core import *
 from .probe import cpu_half
 
 # %% ../nbs/02e_precision.ipynb #287be428
-def _rank0s(f):
-    "`f()` on rank 0, and rank 0's answer on every rank of a running process group"
-    if not (dist.is_available() and dist.is_initialized()): return f()
+def _rank0s(f, share:bool=True): # share the answer: the learner trains data-parallel (a rank alone asks no peer)
+    "`f()` on rank 0, and rank 0's answer on every rank of a running process group when `share`"
+    if not (share and dist.is_available() and dist.is_initialized()): return f()
     t = torch.tensor([float(f()) if dist.get_rank()==0 else 0.])
     dist.broadcast(t, 0, group=flag_group()) # a CPU tensor: over gloo, whatever the training's backend
     return bool(t.item())
@@ -29,7 +29,7 @@ def before_fit(self:MixedPrecision):
     dev = learn_device(self.learn).type # where it trains: with gloo on a GPU machine, the CPU
     if dev=='cuda' and dt==torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError("Unsupported GPU for bfloat16 mixed precision training")
-    on = dev=='cuda' or _rank0s(lambda: cpu_half(dt))
+    on = dev=='cuda' or _rank0s(lambda: cpu_half(dt), is_distributed(self.learn)) # outside `distrib_ctx`: alone
     self.dtype = dt if on else torch.float32
     self.kwargs['enabled'] = on and dt==torch.float16 # bfloat16 has float32's range: no loss scaling
     self.autocast,self.learn.scaler,self.scales = torch.autocast(dev, dtype=dt, enabled=on),torch.amp.GradScaler(dev, **self.kwargs),L()

@@ -14,12 +14,18 @@ from fastai.callback.schedule import LRFinder
 from .core import *
 
 # %% ../nbs/02c_rank_safe.ipynb #437eba08
+def _save_own(learn, file):
+    "Write what `learn.save(file)` writes, on a rank where fastai's `save_model` writes nothing (it saves on rank 0 only)"
+    st = {'model': get_model(learn.model).state_dict(), 'opt': learn.opt.state_dict()}
+    torch.save(st, join_path_file(file, learn.path/learn.model_dir, ext='.pth'))
+
 _lrf_before_fit = LRFinder.before_fit
 @patch
 def before_fit(self:LRFinder):
-    "Save the weights to restore; under DDP every rank restores the copy rank 0 saved"
+    "Save the weights to restore: under DDP every rank restores the copy rank 0 saved; outside it each rank its own"
     _lrf_before_fit(self)
     if is_distributed(self.learn): self.tmp_p = all_gather_list(self.tmp_p)[0] # also waits for rank 0's save
+    elif rank_distrib(): _save_own(self.learn, f'{self.tmp_p}/_tmp') # a rank searching alone (before `distrib_ctx`): its own folder
 
 @patch
 def after_fit(self:LRFinder):

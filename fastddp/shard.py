@@ -9,7 +9,7 @@ __all__ = ['auto_units', 'check_units', 'bcast', 'BufferSync', 'shard_model', 'i
            'to_full', 'meta_clone', 'full_state', 'Sharded']
 
 # %% ../nbs/02h_shard.ipynb #a95ebc2b
-import sys, itertools, cloudpickle
+import os, sys, itertools, cloudpickle
 from copy import deepcopy
 from collections import defaultdict
 import torch, torch.distributed as dist
@@ -232,17 +232,30 @@ def load(self:Learner, file, device=None, with_opt=True, strict=True, **kwargs):
     return self
 
 # %% ../nbs/02h_shard.ipynb #20b12108
+def _export_whole(learn, fname, **kwargs):
+    "fastai's `export`, into a side file renamed to `fname` once whole: a failed export leaves no half-written file"
+    fn = learn.path/fname
+    part,dls,opt = fn.with_name(fn.name+'.part'),learn.dls,learn.opt
+    try: _learner_export(learn, part, **kwargs)
+    except BaseException:
+        learn.dls,learn.opt = dls,opt # fastai's export leaves empty loaders and no optimizer when pickling fails
+        part.unlink(missing_ok=True)
+        raise
+    if not rank_distrib(): os.replace(part, fn) # fastai's export writes on rank 0 only
+
 @patch
 def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
     "Export the learner for inference; a sharded model is gathered by every rank and exported by rank 0 as a plain module"
-    if not is_sharded(self.model): return _learner_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
-    m,sh = self.model,[o for o in self.cbs if hasattr(o, 'sharded')]
+    m,sh = self.model,[o for o in self.cbs if hasattr(o, 'sharded')] # `DistributedTrainer`s
+    kw = dict(pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+    if not is_sharded(m):
+        with self.removed_cbs(sh): return _export_whole(self, fname, **kw)
     plain = meta_clone(sh[0].sharded.plain) if sh and sh[0].sharded else None
     if plain is None:
         raise DistribError("export: the sharded model has no plain structure to gather into (it was not sharded by distrib_ctx)")
     plain.load_state_dict(full_state(m), assign=True)
     opt,self.model = self.opt,plain
     try:
-        with self.removed_cbs(sh): _learner_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+        with self.removed_cbs(sh): _export_whole(self, fname, **kw)
     finally: self.model,self.opt = m,opt
     dist.barrier()

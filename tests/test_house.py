@@ -65,6 +65,7 @@ from fastddp.timecost import TimeCost
 from fastddp.data import make_adult
 d = Path(sys.argv[1])
 df = pd.read_csv(make_adult(d/f'r{rank()}', n=200)/'adult.csv')
+set_seed(0) # the same random split on every rank (fastddp stops a run whose ranks hold different data)
 dls = TabularDataLoaders.from_df(df, path=d/f'r{rank()}', procs=[Categorify, Normalize], cat_names=['sex'], cont_names=['age'],
     y_names='salary', bs=16, num_workers=0)
 learn = tabular_learner(dls, layers=[8], metrics=accuracy)
