@@ -248,6 +248,18 @@ def use_slurm():
 _said = []
 
 # %% ../nbs/00_core.ipynb #0c5dbf28
+def _join_msg(e, addr, port):
+    "One line for torch's failure `e` to join the group at `addr:port`"
+    s,ws,t = str(e).strip().splitlines()[0],world_size(),distrib_timeout().total_seconds()
+    if 'EADDRINUSE' in s: return f"MASTER_PORT={port} is busy on {addr} (another run?): choose a free port"
+    m = re.search(r'(\d+)/(\d+) clients joined', s)
+    if m: return (f"only {m[1]} of WORLD_SIZE={ws} ranks joined at {addr}:{port} within {t:g} s (FASTDDP_TIMEOUT): start {ws} ranks "
+                  "with this MASTER_ADDR and MASTER_PORT, or set WORLD_SIZE to the number started")
+    if 'trying to connect' in s:
+        return (f"rank {rank()}: nothing answered at {addr}:{port} within {t:g} s (FASTDDP_TIMEOUT): start rank 0 there first, with "
+                f"the same MASTER_ADDR and MASTER_PORT, and check that this host reaches it (fastddp-doctor --peer {addr}:{port})")
+    return f"rank {rank()} could not join the process group at {addr}:{port}: {s}"
+
 def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Create the default process group from the launcher's environment, with our timeout, surviving elastic restarts"
     import torch.distributed as dist
@@ -259,7 +271,12 @@ def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gl
     if n and n!='0' and os.environ.get('TORCHELASTIC_USE_AGENT_STORE')=='True': # a restart: torch's own path is fine the first time
         st = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world_size(), is_master=False, timeout=kw['timeout'])
         kw.update(store=dist.PrefixStore(f'fastddp/attempt_{n}', st), rank=rank(), world_size=world_size())
-    dist.init_process_group(**kw)
+    addr,port = os.environ.get('MASTER_ADDR'),os.environ.get('MASTER_PORT')
+    if addr:
+        try: socket.getaddrinfo(addr, None) # torch would try to reach a host that does not exist until the timeout
+        except socket.gaierror as e: raise DistribError(f"MASTER_ADDR={addr}: no such host ({e.strerror}): name rank 0's host") from e
+    try: dist.init_process_group(**kw)
+    except (dist.DistNetworkError, dist.DistStoreError) as e: raise DistribError(_join_msg(e, addr, port)) from e
 
 # %% ../nbs/00_core.ipynb #df03401b
 def all_gather_list(o):

@@ -291,12 +291,13 @@ def data_sample(dl, k:int=8):
 def same_data(dls):
     "Raise one clear error when the ranks' loaders hold different items (one exchange)"
     got = all_gather_list([data_sample(dl) for dl in dls])
+    say = lambda o: f"{o[0]} items"+(f" from {o[1][0]!r}" if o[1] else "")
     for r,g in enumerate(got):
         for i,(a,b) in enumerate(zip(got[0], g)):
             if a is not None and b is not None and a!=b:
-                raise DistribError(f"rank {r}'s {'training' if i==0 else 'validation'} set differs from rank 0's ({b[0]} items from "
-                                   f"{b[1][0]!r}, rank 0: {a[0]} from {a[1][0]!r}): a random split drew a different one on each rank; "
-                                   "seed the split (RandomSplitter(seed=42), valid_pct with seed=42) or seed every rank alike")
+                raise DistribError(f"rank {r}'s {'training' if i==0 else 'validation'} set differs from rank 0's ({say(b)}, rank 0: "
+                                   f"{say(a)}): every rank must build the same one; seed a random split alike on every rank "
+                                   "(RandomSplitter(seed=42), valid_pct with seed=42), and sort listed files")
 
 # %% ../nbs/03_distrib.ipynb #446a20c6
 @patch
