@@ -60,6 +60,10 @@ def run_script(path, # the script to run as `__main__`
         if e.code is None or isinstance(e.code, int): _exit(e.code or 0)
         print(e.code, file=sys.stderr)
         _exit(1)
+    except KeyboardInterrupt as e: # Ctrl-C: the launcher says "stopped by SIGINT"; where each rank was is one line, not a traceback
+        f = traceback.extract_tb(e.__traceback__)[-1]
+        print(f"rank {os.environ.get('RANK', 0)}: interrupted at {os.path.basename(f.filename)}:{f.lineno}", file=sys.stderr, flush=True)
+        _exit(128+signal.SIGINT)
     except Exception:
         traceback.print_exc() # ourselves: torch's excepthook would prefix every line with a second `[rankN]:`
         _exit(1)
