@@ -8,8 +8,8 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'shared_gpu', 'check_backend', 'on_gpu', 'distrib_device', 'cpus',
            'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface',
-           'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'init_distrib', 'all_gather_list', 'is_distributed',
-           'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
+           'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'check_ifname', 'init_distrib', 'all_gather_list',
+           'is_distributed', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, socket, ipaddress, datetime
@@ -260,6 +260,14 @@ def _join_msg(e, addr, port):
                 f"the same MASTER_ADDR and MASTER_PORT, and check that this host reaches it (fastddp-doctor --peer {addr}:{port})")
     return f"rank {rank()} could not join the process group at {addr}:{port}: {s}"
 
+def check_ifname():
+    "Raise one clear error when `GLOO_SOCKET_IFNAME` names an interface this host lacks (gloo: 'enforce fail ... Unable to find address')"
+    v = os.environ.get('GLOO_SOCKET_IFNAME')
+    if not v: return
+    have = [n for _,n in socket.if_nameindex()] # any address family: gloo takes IPv6 too
+    bad = [o for o in v.split(',') if o not in have]
+    if bad: raise DistribError(f"GLOO_SOCKET_IFNAME={v}: no interface {', '.join(bad)} on this host (it has: {', '.join(sorted(have))})")
+
 def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gloo without
     "Create the default process group from the launcher's environment, with our timeout, surviving elastic restarts"
     import torch.distributed as dist
@@ -275,6 +283,7 @@ def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gl
     if addr:
         try: socket.getaddrinfo(addr, None) # torch would try to reach a host that does not exist until the timeout
         except socket.gaierror as e: raise DistribError(f"MASTER_ADDR={addr}: no such host ({e.strerror}): name rank 0's host") from e
+    check_ifname() # fastddp's flag group is gloo's on any backend
     try: dist.init_process_group(**kw)
     except (dist.DistNetworkError, dist.DistStoreError) as e: raise DistribError(_join_msg(e, addr, port)) from e
 
