@@ -9,7 +9,7 @@ __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 
            'data_sample', 'same_data', 'plain_loss']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
-import os, sys, atexit, inspect, difflib, pickle, cloudpickle
+import os, sys, time, atexit, inspect, difflib, pickle, cloudpickle
 from functools import wraps
 from types import MethodType
 import torch, torch.distributed as dist
@@ -25,6 +25,7 @@ from fastai.callback.fp16 import MixedPrecision, AMPMode
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from accelerate import Accelerator
 from .core import *
+from .launch import peer_lost
 from .comm import check_hook, ddp_kwargs, register_hook, ddp_keys
 from .eval import ExactDL, reduce_metrics
 from .epoch_loss import EpochLoss
@@ -603,6 +604,9 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
         if 'find_unused_parameters' in str(e):
             raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): "
                                "pass find_unused_parameters=True to distrib_ctx") from e
+        # torch's agent names as the cause the failure with the earliest timestamp, in whole seconds: a rank that lost its peer
+        # ends over a second after the rank that failed, so torchrun's and notebook_launcher's summaries name the cause
+        if peer_lost(str(e)) and os.environ.get('TORCHELASTIC_RUN_ID'): time.sleep(1.5)
         raise
     finally:
         self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective

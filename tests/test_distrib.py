@@ -271,6 +271,32 @@ def test_notebook_launcher(tmp_path):
     # the validation loss recorded under DDP is one process's evaluation of the weights it ended with
     assert all(abs(o['collab'][-1][1]-o['collab_one'][0])<1e-5 for o in rs), [(o['collab'][-1], o['collab_one']) for o in rs]
 
+CAUSE = '''
+import sys, time
+import fastddp
+from accelerate import notebook_launcher
+from fastai.basics import *
+from fastai.distributed import *
+class Boom(Callback):
+    def after_batch(self):
+        if self.iter==3 and rank_distrib()==1:
+            time.sleep(1.02-time.time()%1) # just after a whole second: rank 0's lost peer would fall in the same second
+            raise ValueError("boom on rank 1")
+def train():
+    x = torch.randn(64,3); ds = list(zip(x, x.sum(1, keepdim=True)))
+    learn = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'), nn.Linear(3,1), loss_func=MSELossFlat(),
+                    cbs=Boom())
+    with learn.distrib_ctx(in_notebook=True): learn.fit(1)
+notebook_launcher(train, num_processes=2, use_port=sys.argv[1])
+'''
+
+def test_notebook_launcher_cause():
+    ("A rank that fails under `notebook_launcher` is the root cause its summary names, not the rank that then lost its peer (torch's "
+     "agent takes the earliest failure, in whole seconds: the rank that lost its peer ends over a second later)")
+    rs = run_ranks(CAUSE, n=2, args=[free_port()], launcher='python', check=False)
+    cause = rs.out.split('Root Cause')[-1].split('=====')[0]
+    assert rs.rc!=0 and 'rank      : 1' in cause and 'boom on rank 1' in cause, cause
+
 def test_bad_use():
     "No GPU visible, and nccl without CUDA, give one clear message; a task that sees one GPU uses it whatever its local rank"
     from fastddp.core import check_gpu, check_backend, DistribError, has_cuda
