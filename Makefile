@@ -42,7 +42,7 @@ demo: $(BIN)/.ok
 	$(BIN)/fastddp-launch --nproc $(NPROC) scripts/demo_ddp.py
 
 # Notebooks are the source: fail when exporting or cleaning them would change a tracked file.
-# The benchmarks page and the README are generated too (from nbs/bench_results/ and nbs/index.ipynb); lines stay <= 140 characters.
+# The benchmarks page and the README are generated too (from nbs/bench_results/, and from nbs/index.ipynb); lines stay <= 140 characters.
 check: $(BIN)/.ok
 	@# nbdev-export rewrites pyproject.toml unchanged; keep its time, or every venv that depends on it would look stale after this
 	cp -p pyproject.toml $(VENV)/.pyproject && $(BIN)/nbdev-export && \

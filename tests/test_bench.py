@@ -85,29 +85,25 @@ def test_saved_result(results):
     assert l['kind']=='launch' and all(len(v)==1 and v[0]>0 for v in l['seconds'].values()) and 'torchrun' in l['table']
 
 def _page(results, tmp_path):
-    index = tmp_path/'index.ipynb'
-    index.write_text(json.dumps(dict(cells=[dict(cell_type='markdown', id='a', metadata={},
-                                                 source=["# x\n<!-- bench:start -->\nold\n<!-- bench:end -->\nrest"])],
-                                metadata={}, nbformat=4, nbformat_minor=5)))
     out = tmp_path/'benchmarks.ipynb'
-    p = subprocess.run([sys.executable, 'tools/bench_page.py', str(results), str(out), str(index)], cwd=ROOT, capture_output=True,
-                       text=True)
+    p = subprocess.run([sys.executable, 'tools/bench_page.py', str(results), str(out)], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode==0, p.stderr
-    return (''.join(''.join(c['source']) for c in json.loads(out.read_text())['cells']),
-            ''.join(json.loads(index.read_text())['cells'][0]['source']))
+    return [''.join(c['source']) for c in json.loads(out.read_text())['cells']]
 
 def test_page(results, tmp_path):
-    page,readme = _page(results, tmp_path)
+    cells = _page(results, tmp_path)
+    page = ''.join(cells)
     r = json.loads((results/'01_tiny.json').read_text())
     assert r['command'] in page and r['date'] in page and r['machine']['cpu'] in page and table(r) in page
     assert 'fastddp-launch / torchrun' in page and 'No results yet' not in page
-    assert 'old' not in readme and '| ddp@2 / raw@2 (vs hand-written DDP) |' in readme and readme.endswith('<!-- bench:end -->\nrest')
+    # the headline ratios right after the title, with the first result's command
+    assert cells[1].startswith('## Headline ratios') and '| ddp@2 / raw@2 (vs hand-written DDP) |' in cells[1] and r['command'] in cells[1]
 
 def test_page_empty(tmp_path):
     (tmp_path/'none').mkdir()
-    page,readme = _page(tmp_path/'none', tmp_path)
+    page = ''.join(_page(tmp_path/'none', tmp_path))
     assert 'No results yet' in page and 'python -m fastddp.bench --modes single,raw,ddp,nosync' in page
-    assert 'No benchmark results yet' in readme
+    assert 'Headline ratios' not in page
 
 def test_short_step_modes():
     ("The MLP workload: `fastai` is fastai's own fit in a process without fastddp's patches; "
