@@ -552,6 +552,10 @@ def to_distributed(self:Learner,
     return self
 
 # %% ../nbs/03_distrib.ipynb #0c13623b
+def _ddp_cbs(learn):
+    "The callbacks `to_distributed` adds beside the `DistributedTrainer`: they train data-parallel, and leave with it"
+    return learn.cbs.filter(lambda o: isinstance(o, (Tune, Prefetch, Heartbeat)) or type(o) is Preempt) # a user's `Checkpoint` stays
+
 @patch
 def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model's full weights (a collective: not after a failure)
     "Remove the `DistributedTrainer`, at any world size; a sharded model becomes a plain one with the full weights"
@@ -563,10 +567,9 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     _cache_dispatch(self, False)
     if self.opt is not None: use_foreach(self.opt, False) # after a fit that raised, too
     plain_loss(self.loss_func, False)
-    self.remove_cbs(self.cbs.filter(lambda o: isinstance(o, (Tune, Prefetch))))
-    for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop(); self.remove_cb(o) # also after a fit that raised
-    for o in self.cbs.filter(lambda o: isinstance(o, Preempt)): o.restore() # the signal handlers, after a fit that raised
-    self.remove_cbs(self.cbs.filter(lambda o: type(o) is Preempt))
+    for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat)): o.stop() # also after a fit that raised
+    for o in self.cbs.filter(lambda o: isinstance(o, Preempt)): o.restore() # signal handlers (a `Checkpoint` too), after a fit that raised
+    self.remove_cbs(_ddp_cbs(self))
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
@@ -629,8 +632,7 @@ _plain_export = Learner.export # fastddp.shard's: without the `DistributedTraine
 @patch
 def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
     "Export the learner for inference, without the callbacks that train data-parallel"
-    cbs = self.cbs.filter(lambda o: isinstance(o, (Tune, Prefetch, Heartbeat)) or type(o) is Preempt) # `Checkpoint` stays
-    with self.removed_cbs(cbs): _plain_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+    with self.removed_cbs(_ddp_cbs(self)): _plain_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
 
 # %% ../nbs/03_distrib.ipynb #d99f3a5f
 _pt_before_fit = ParallelTrainer.before_fit
