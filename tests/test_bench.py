@@ -139,7 +139,7 @@ def test_gpu_bench_cpu(tmp_path):
     r = json.loads((d/'30_gpu.json').read_text())
     _gpu_result(r, [2, 2, 2], 2)
     assert all(o['peak'] is None for o in r['rows']) and '- (no CUDA)' in r['table']
-    page,_ = _page(d, tmp_path)
+    page = ''.join(_page(d, tmp_path))
     assert r['table'] in page and r['command'] in page
 
 @pytest.mark.cuda
