@@ -589,7 +589,7 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     tr = (getattr(getattr(self, 'dls', None), 'loaders', None) or [None])[0] # none in fastai's `rank0_first`
     if is_stream(tr) and getattr(tr, 'n', 0) is None: stream_len(tr) # asks for `n=` at any world size (fastai: a bare TypeError)
     backend = kwargs.get('backend')
-    ok = False
+    ok,lost = False,False
     if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
     cc = compile_cb(compile, kwargs, 'cuda' if on_gpu(check_backend(backend)) else 'cpu') # at any world size; undone at exit
     try:
@@ -607,13 +607,15 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
         if 'find_unused_parameters' in str(e):
             raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): "
                                "pass find_unused_parameters=True to distrib_ctx") from e
-        # torch's agent names as the cause the failure with the earliest timestamp, in whole seconds: a rank that lost its peer
-        # ends over a second after the rank that failed, so torchrun's and notebook_launcher's summaries name the cause
-        if peer_lost(str(e)) and os.environ.get('TORCHELASTIC_RUN_ID'): time.sleep(1.5)
+        lost = peer_lost(str(e)) and bool(os.environ.get('TORCHELASTIC_RUN_ID'))
         raise
     finally:
         self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective
         if cc is not None: self.remove_cb(cc); cc.undo() # the learner leaves with its eager model (fastai's export, pickle)
+        # torch's agent names as the cause the failure with the earliest timestamp, in whole seconds: a rank that lost its peer
+        # ends over a second after the rank that failed, so torchrun's and notebook_launcher's summaries name the cause. Only once
+        # detached: the watchdog is stopped then, and would otherwise read this wait as a stall and name this rank
+        if lost: time.sleep(1.5)
 
 # %% ../nbs/03_distrib.ipynb #468579d9
 _synced_load = Learner.load # fastddp.shard's: into the shards of a sharded model
