@@ -33,6 +33,14 @@ def get_idxs(self:DistributedDL):
     m = self.n_padded//self.world_size
     return idxs[self.rank*m:(self.rank+1)*m]
 
+# %% ../nbs/02a_eval.ipynb #a49cc8e4
+@patch
+def __len__(self:DistributedDL):
+    "Batches this rank takes: its padded share of the items, in batches"
+    m = -(-self.dl.n//self.world_size)
+    if self.bs is None: return m
+    return m//self.bs if self.drop_last else -(-m//self.bs)
+
 # %% ../nbs/02a_eval.ipynb #d189d7c1
 class ExactDL(DistributedDL):
     "A `DistributedDL` for validation: unpadded contiguous blocks, each rank's batches kept on it (no per-batch gather)"
