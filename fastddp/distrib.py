@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 'check_args', 'is_torch_dl', 'from_torch',
-           'data_sample', 'same_data', 'plain_loss']
+           'data_sample', 'same_data', 'sync_buffers', 'plain_loss']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
 import os, sys, time, atexit, inspect, difflib, pickle, cloudpickle
@@ -36,6 +36,7 @@ from .preempt import Preempt
 from .foreach import use_foreach
 from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
+from .precision import accel_precision
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
 use_slurm() # `srun python train.py`: scripts read RANK before distrib_ctx; loading fastai.distributed in an srun step means a run
 
@@ -138,7 +139,9 @@ def __init__(self:DistributedTrainer,
         # nothing (`python -m fastddp.bench --modes ddp,one_bucket,bucket_5mb` measures it). torch's PowerSGD hook also needs one
         # bucket on gloo: with several, the ranks issued its all-reduces in different orders ("Received data size doesn't match")
         kwargs.setdefault('bucket_cap_mb', 1024)
-    self.accelerator = Accelerator(**ddp_kwargs(no_accel_compile(kwargs))) # `compile=`: fastddp compiles inside DDP, never Accelerate
+    # `compile=`: fastddp compiles inside DDP, never Accelerate; half precision is fastai's `MixedPrecision` (`distrib_ctx` adds it for
+    # `accelerate launch --mixed_precision`): Accelerate's own autocast ran under no callback and stayed on the model
+    self.accelerator = Accelerator(mixed_precision='no', **ddp_kwargs(no_accel_compile(kwargs)))
     if dist.is_initialized(): leave_at_exit() # one process under a launcher: Accelerate made a one-rank group, which is left at exit too
 
 # %% ../nbs/03_distrib.ipynb #1f8fd6de
@@ -149,6 +152,9 @@ def check_args(model=None, # the model, to check `shard_modules` against
     "Check `distrib_ctx`'s arguments at every world size, with one clear error for the first bad one"
     ok = set(inspect.signature(DistributedTrainer.__init__).parameters)|set(ddp_keys)|{'in_notebook'}
     for k in kw:
+        if k in ('mixed_precision', 'fp16'): # Accelerate's, which fastai hides from the trainer: its autocast runs under no fastai callback
+            raise DistribError(f"distrib_ctx({k}=...): half precision is fastai's: learn.to_bf16() or learn.to_fp16() before the context "
+                               "(or accelerate launch --mixed_precision)")
         if k not in ok:
             near = difflib.get_close_matches(k, ok, 1)
             raise DistribError(f"distrib_ctx got an unknown argument {k!r}" + (f": did you mean {near[0]!r}?" if near else ''))
@@ -208,6 +214,7 @@ from .stream import is_stream, stream_dl, stream_len, StreamDL
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, cls=DistributedDL):
     "Shard `dl` across ranks with `cls` (over a stream: `StreamDL` or `StreamExactDL`), its batches on this rank's device"
+    if isinstance(dl, (list, tuple)): return dl # batches made by the caller (fastai's `summary`, `show_results`): each rank runs them all
     if is_torch_dl(dl): dl = from_torch(dl) # what fastai's `DistributedDL` would rebuild, keeping what the user gave
     pf = getattr(getattr(dl, 'fake_l', None), 'prefetch_factor', 2)
     res = self._shard_dl(dl, cls)
@@ -436,11 +443,20 @@ def _pad_forwards(self:DistributedTrainer):
         for _ in range(max(map(dl.n_batches, range(dl.world_size)))-self.n_valid): self.learn.model(*self.xb)
 
 # %% ../nbs/03_distrib.ipynb #99738b59
+def sync_buffers(m):
+    "Give `m`'s buffers rank 0's values now when DDP would at its next forward, which a rank with no batch to validate never runs"
+    if not isinstance(m, nn.parallel.DistributedDataParallel) or not m.will_sync_module_buffers(): return
+    # DDP broadcasts the buffers (BatchNorm's statistics) at the first forward after a training one, in a collective: a rank whose block
+    # of the validation set is empty (`predict`, a small `test_dl`) never joined it, and the others waited there for ever
+    for b in m.module.buffers(): dist.broadcast(b, 0, group=m.process_group)
+    m.require_forward_param_sync = False # what that forward sets (DDP's own flag): no forward of this pass syncs again
+
 @patch
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, ExactDL)
     self.n_valid = 0 # forwards of this pass, for `_pad_forwards`
     self.learn.model.to(self.accelerator.device) # `validate`/`get_preds` outside `fit` have not been through `before_fit`
+    sync_buffers(self.learn.model)
 
 @patch
 def after_validate(self:DistributedTrainer):
@@ -453,8 +469,9 @@ def after_validate(self:DistributedTrainer):
 _learner_to_detach = Learner.to_detach
 @patch
 def to_detach(self:Learner, b, cpu=True, gather=True):
-    "Detach `b`, gathering it across ranks only while this learner is distributed"
-    return _learner_to_detach(self, b, cpu, gather and is_distributed(self))
+    "Detach `b`, gathering it across ranks only while this learner is distributed and its loader is split between them"
+    whole = isinstance(getattr(self, 'dl', None), (list, tuple)) # batches the caller made (`show_results`): every rank ran them all
+    return _learner_to_detach(self, b, cpu, gather and is_distributed(self) and not whole)
 
 @patch
 def accumulate(self:AvgSmoothLoss, learn):
@@ -573,6 +590,18 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     if rank_distrib() and not hasattr(self, 'progress'): self.add_cb(ProgressCallback())
     return self
 
+# %% ../nbs/03_distrib.ipynb #15746d7e
+def _launch_precision(learn, in_notebook=False):
+    "fastai's `MixedPrecision` for the precision Accelerate's launcher was given, when `learn` has none of its own (said once)"
+    amp = accel_precision(in_notebook)
+    if amp is None: return None
+    own = next((o for o in learn.cbs if isinstance(o, MixedPrecision)), None)
+    if own is not None:
+        if own.amp_mode!=amp: warn_once(f"Accelerate's mixed precision {amp.value} left out: the learner's own {own.amp_mode.value} trains")
+        return None
+    warn_once(f"Accelerate's mixed precision {amp.value}: training with fastai's to_{amp.value}() inside distrib_ctx")
+    return MixedPrecision(amp_mode=amp)
+
 # %% ../nbs/03_distrib.ipynb #2fd1f94f
 @patch
 @contextmanager
@@ -592,6 +621,8 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     ok,lost = False,False
     if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
     cc = compile_cb(compile, kwargs, 'cuda' if on_gpu(check_backend(backend)) else 'cpu') # at any world size; undone at exit
+    # `accelerate launch --mixed_precision`: fastai's callback, at any world size, kept after the context as a `to_bf16()` would be
+    mp = _launch_precision(self, in_notebook)
     try:
         # joined once, left when the process ends (fastai leaves at each context's end: a rank that reached a second context while
         # rank 0 still worked in the first met the group rank 0 was leaving, and crashed)
@@ -599,6 +630,7 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
             setup_distrib(backend=backend)
             rank0_print("Training Learner...")
         if cc is not None: self.add_cb(cc)
+        if mp is not None: self.add_cb(mp)
         if num_distrib(): self.to_distributed(sync_bn=sync_bn, **kwargs)
         yield self
         ok = True

@@ -69,7 +69,7 @@ class Prefetch(Callback):
         if _on_gpu(self.learn.dl): self.learn.dl.prefetch = self
     def _off(self):
         dl = self.learn.__dict__.get('dl')
-        if dl is not None: dl.__dict__.pop('prefetch', None)
+        if dl is not None: getattr(dl, '__dict__', {}).pop('prefetch', None) # a list of batches (fastai's `summary`) has no attributes
         for g in self.open: g.close() # restores the loader's settings (the generator's `finally`)
         self.open = []
 

@@ -24,7 +24,11 @@ _lrf_before_fit = LRFinder.before_fit
 def before_fit(self:LRFinder):
     "Save the weights to restore: under DDP every rank restores the copy rank 0 saved; outside it each rank its own"
     _lrf_before_fit(self)
-    if is_distributed(self.learn): self.tmp_p = all_gather_list(self.tmp_p)[0] # also waits for rank 0's save
+    if is_distributed(self.learn):
+        self.tmp_p = all_gather_list(self.tmp_p)[0] # also waits for rank 0's save
+        # fastai sized the search (`n_epoch`) from the whole loader, before `DistributedTrainer` split it: on N ranks it ended after
+        # 1/N of its `num_it` steps, far below the rates it was to try (`_do_fit` reads `n_epoch` after `before_fit`)
+        self.learn.n_epoch = self.num_it//len(self.dls.train)+1
     elif rank_distrib(): _save_own(self.learn, f'{self.tmp_p}/_tmp') # a rank searching alone (before `distrib_ctx`): its own folder
 
 @patch
