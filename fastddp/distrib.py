@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 'check_args', 'is_torch_dl', 'from_torch',
-           'data_sample', 'same_data', 'sync_buffers', 'plain_loss']
+           'data_sample', 'same_data', 'say_accum', 'sync_buffers', 'plain_loss']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
 import os, sys, time, atexit, inspect, difflib, pickle, cloudpickle
@@ -22,6 +22,7 @@ from fastai.callback.progress import ProgressCallback
 from fastai.optimizer import Optimizer
 from fastai.data.core import TfmdDL
 from fastai.callback.fp16 import MixedPrecision, AMPMode
+from fastai.callback.training import GradientAccumulation
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from accelerate import Accelerator
 from .core import *
@@ -211,10 +212,14 @@ def zero_grad(self:Optimizer):
 
 # %% ../nbs/03_distrib.ipynb #f25f86fd
 from .stream import is_stream, stream_dl, stream_len, StreamDL
+def _made(dl):
+    "Is `dl` a list of batches its caller made (fastai's `summary`, `show_results`)? Each rank runs them all: nothing to split or gather"
+    return isinstance(dl, (list, tuple))
+
 @patch
 def _wrap_dl(self:DistributedTrainer, dl, cls=DistributedDL):
     "Shard `dl` across ranks with `cls` (over a stream: `StreamDL` or `StreamExactDL`), its batches on this rank's device"
-    if isinstance(dl, (list, tuple)): return dl # batches made by the caller (fastai's `summary`, `show_results`): each rank runs them all
+    if _made(dl): return dl
     if is_torch_dl(dl): dl = from_torch(dl) # what fastai's `DistributedDL` would rebuild, keeping what the user gave
     pf = getattr(getattr(dl, 'fake_l', None), 'prefetch_factor', 2)
     res = self._shard_dl(dl, cls)
@@ -307,10 +312,19 @@ def same_data(dls):
                                    f"{say(a)}): every rank must build the same one; seed a random split alike on every rank "
                                    "(RandomSplitter(seed=42), valid_pct with seed=42), and sort listed files")
 
+# %% ../nbs/03_distrib.ipynb #22584ef8
+def say_accum(learn):
+    "Say once what fastai's `GradientAccumulation` accumulates on several ranks, and what matches one process"
+    ga,ws = next((o for o in learn.cbs if type(o) is GradientAccumulation), None),world_size()
+    if ga is None or ws<2: return
+    warn_once(f"GradientAccumulation(n_acc={ga.n_acc}) counts each rank's samples: the {ws} ranks step every {ws*ga.n_acc} samples; "
+              f"n_acc={ga.n_acc//ws} steps as one process does with {ga.n_acc}, and fastddp's Accumulate(k) all-reduces once per step")
+
 # %% ../nbs/03_distrib.ipynb #446a20c6
 @patch
 def before_fit(self:DistributedTrainer):
     same_data(self.dls)
+    say_accum(self.learn)
     m = self.model
     if self._use_sync_bn():
         try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
@@ -470,8 +484,7 @@ _learner_to_detach = Learner.to_detach
 @patch
 def to_detach(self:Learner, b, cpu=True, gather=True):
     "Detach `b`, gathering it across ranks only while this learner is distributed and its loader is split between them"
-    whole = isinstance(getattr(self, 'dl', None), (list, tuple)) # batches the caller made (`show_results`): every rank ran them all
-    return _learner_to_detach(self, b, cpu, gather and is_distributed(self) and not whole)
+    return _learner_to_detach(self, b, cpu, gather and is_distributed(self) and not _made(getattr(self, 'dl', None)))
 
 @patch
 def accumulate(self:AvgSmoothLoss, learn):
@@ -620,9 +633,9 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     backend = kwargs.get('backend')
     ok,lost = False,False
     if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
-    cc = compile_cb(compile, kwargs, 'cuda' if on_gpu(check_backend(backend)) else 'cpu') # at any world size; undone at exit
     # `accelerate launch --mixed_precision`: fastai's callback, at any world size, kept after the context as a `to_bf16()` would be
     mp = _launch_precision(self, in_notebook)
+    cc = compile_cb(compile, kwargs, 'cuda' if on_gpu(check_backend(backend)) else 'cpu') # at any world size; undone at exit
     try:
         # joined once, left when the process ends (fastai leaves at each context's end: a rank that reached a second context while
         # rank 0 still worked in the first met the group rank 0 was leaving, and crashed)
