@@ -9,7 +9,10 @@ __all__ = ['die_with_parent', 'WholeErrorFile', 'run_script']
 
 # %% ../nbs/01a_worker.ipynb #10a02e28
 import os, sys, runpy, signal, traceback
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+try: from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+except KeyboardInterrupt: # Ctrl-C while the rank still imports torch (seconds on a loaded machine): one line, as in the script below
+    print(f"rank {os.environ.get('RANK', 0)}: interrupted at start-up, importing torch", file=sys.stderr, flush=True)
+    os._exit(128+signal.SIGINT)
 from .core import DistribError, stall_time
 
 # %% ../nbs/01a_worker.ipynb #9ed0ff4c
