@@ -9,7 +9,7 @@ __all__ = ['CAT_BREEDS', 'DOG_BREEDS', 'BREEDS', 'PETS_RE', 'ADULT_COLS', 'make_
            'make_adult', 'check_layout']
 
 # %% ../nbs/04_data.ipynb #e01e8179
-import os, re, json, shutil, tempfile
+import os, re, json, shutil, tempfile, fcntl
 from pathlib import Path
 import numpy as np, pandas as pd
 from PIL import Image
@@ -22,22 +22,34 @@ def _made_with(path):
     mk = Path(path)/_MARK
     return json.loads(mk.read_text()) if mk.exists() else None
 
+def _locked(folder):
+    "An open descriptor of `folder` holding its exclusive lock (released when closed), or None where the filesystem has no locks"
+    fd = os.open(folder, os.O_RDONLY)
+    try: fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError: os.close(fd); return None # some network filesystems: the rename below still keeps each folder whole
+    return fd
+
 def _build(dest, write, **args):
     "Make `dest` by calling `write(folder)`, unless it is complete with the same `args`"
     dest = Path(dest)
     if _made_with(dest)==args: return dest
-    if dest.exists() and _made_with(dest) is None:
-        raise FileExistsError(f"{dest} exists and was not made by fastddp (no {_MARK}): remove it or pass another path")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{dest.name}.', dir=dest.parent))
+    fd = _locked(dest.parent)
     try:
-        write(tmp)
-        (tmp/_MARK).write_text(json.dumps(args))
-        if dest.exists(): shutil.rmtree(dest) # ours, made with other arguments
-        try: tmp.rename(dest)
-        except OSError: # another process renamed its copy first
-            if _made_with(dest)!=args: raise
-    finally: shutil.rmtree(tmp, ignore_errors=True)
+        if _made_with(dest)==args: return dest # another rank made it while this one waited
+        if dest.exists() and _made_with(dest) is None:
+            raise FileExistsError(f"{dest} exists and was not made by fastddp (no {_MARK}): remove it or pass another path")
+        tmp = Path(tempfile.mkdtemp(prefix=f'.{dest.name}.', dir=dest.parent))
+        try:
+            write(tmp)
+            (tmp/_MARK).write_text(json.dumps(args))
+            if dest.exists(): shutil.rmtree(dest) # ours, made with other arguments
+            try: tmp.rename(dest)
+            except OSError: # no lock, and another process renamed its copy first
+                if _made_with(dest)!=args: raise
+        finally: shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if fd is not None: os.close(fd)
     return dest
 
 # %% ../nbs/04_data.ipynb #d610def2

@@ -41,6 +41,12 @@ def __len__(self:DistributedDL):
     if self.bs is None: return m
     return m//self.bs if self.drop_last else -(-m//self.bs)
 
+# %% ../nbs/02a_eval.ipynb #47d180ba
+@patch(as_prop=True)
+def n_inp(self:DistributedDL) -> int:
+    "Number of elements of a batch that are inputs: the wrapped loader's"
+    return self.dl.n_inp if hasattr(self.dl, 'n_inp') else TfmdDL.n_inp.fget(self)
+
 # %% ../nbs/02a_eval.ipynb #d189d7c1
 class ExactDL(DistributedDL):
     "A `DistributedDL` for validation: unpadded contiguous blocks, each rank's batches kept on it (no per-batch gather)"
