@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'write_tmp', 'commit_tmp', 'save_atomic', 'checkpoints', 'load_latest', 'save_sharded',
-           'load_sharded', 'opt_to_params', 'Resumed', 'Resume', 'Checkpoint']
+           'load_sharded', 'Resumed', 'Resume', 'Checkpoint']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, random, shutil, subprocess, numpy as np, torch
@@ -20,7 +20,7 @@ from fastai.distributed import *
 from .core import *
 from .watchdog import beat
 from .shard import is_sharded
-from .memory import holder, state_dicts
+from .memory import holder, state_dicts, opt_to_params
 from .preempt import Preempt
 from .stream import is_stream
 from .train import Accumulate
@@ -156,22 +156,6 @@ def load_sharded(learn, fn, meta:dict):
     for g,h in zip(o.opt.param_groups if isinstance(o, OptimWrapper) else o.hypers, meta['hypers']['groups']): g.update(h)
     if slow: opt.slow_weights = L(L(slow[k] for k in [names[id(p)] for p in pg]) for pg in opt.param_lists)
     if meta['hypers']['count'] is not None: opt.count = meta['hypers']['count']
-
-# %% ../nbs/03a_checkpoint.ipynb #3bd6890c
-def opt_to_params(opt):
-    "Move each tensor of fastai's optimizer state in `opt` (and `Lookahead`'s slow weights) onto its parameter's device; return `opt`"
-    # a checkpoint loads onto the CPU (`map_location='cpu'`: any number of GPUs, any device) and fastai's `Optimizer.load_state_dict`
-    # keeps the tensors it is given: Adam's averages would stay on the CPU beside parameters on a GPU. A torch optimizer behind an
-    # `OptimWrapper` moves its own state in its `load_state_dict` (keeping `step` on the CPU where its kernels want it): left alone
-    for w,st in state_dicts(opt):
-        if w!='fastai': continue
-        for p,d in st.items():
-            for k,v in d.items():
-                if isinstance(v, Tensor) and v.device!=p.device: d[k] = v.to(p.device)
-    for ss,ps in zip(getattr(opt, 'slow_weights', None) or [], getattr(opt, 'param_lists', [])):
-        for i,(o,p) in enumerate(zip(ss, ps)):
-            if o.device!=p.device: ss[i] = o.to(p.device)
-    return opt
 
 # %% ../nbs/03a_checkpoint.ipynb #d5566046
 class Resumed:

@@ -37,6 +37,7 @@ from .preempt import Preempt
 from .foreach import use_foreach
 from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
+from .rank_safe import sync_opt
 from .precision import accel_precision
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
 use_slurm() # `srun python train.py`: scripts read RANK before distrib_ctx; loading fastai.distributed in an srun step means a run
@@ -333,6 +334,7 @@ def before_fit(self:DistributedTrainer):
                                "sync_bn=False to distrib_ctx") from e
     self.inner = None if self.shard else compile_for(self.learn, m) # compiled inside DDP; what `after_fit` gives back
     self.learn.model = self._shard(m) if self.shard else self._prepare(self.inner)
+    if not self.shard: sync_opt(self.learn) # DDP gave every rank rank 0's weights; the optimizer state too
     self._share_workers()
     self.old_dls = list(self.dls)
     self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
