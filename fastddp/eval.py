@@ -85,12 +85,14 @@ def after_validate(self:GatherPredsCallback):
     if self.with_loss:  self.losses  = to_concat(self.losses)
 
 # %% ../nbs/02a_eval.ipynb #346ae1dd
+def _dtype(o): return o.dtype if isinstance(o, Tensor) else None
+
 def reduce_metrics(mets):
     "Combine the validation state of `mets` across ranks, in one exchange"
     st = []
     for m in mets:
         if isinstance(m, AccumMetric): st.append((m.preds, m.targs))
-        elif hasattr(m, 'total') and hasattr(m, 'count'): st.append((float(m.total), float(m.count)))
+        elif hasattr(m, 'total') and hasattr(m, 'count'): st.append((float(m.total), float(m.count), _dtype(m.total)))
         else:
             warn_once(f"metric {m.name} is not an AvgMetric/AvgLoss/AccumMetric: its value is rank 0's block only")
             st.append(None)
@@ -100,5 +102,8 @@ def reduce_metrics(mets):
         if ps[0] is None: continue
         if isinstance(m, AccumMetric): m.preds,m.targs = [o for p in ps for o in p[0]],[o for p in ps for o in p[1]]
         else:
-            t = torch.tensor([p for p in ps], dtype=torch.float64).sum(0)
-            m.total,m.count = t[0].item(),t[1].item()
+            t = torch.tensor([p[:2] for p in ps], dtype=torch.float64).sum(0)
+            dt = next((p[2] for p in ps if p[2] is not None), None) # a rank with an empty block has fastai's initial 0
+            # summed in float64, then kept in the metric's own dtype, as one process's running sum: the same value on every rank
+            m.total = t[0].item() if dt is None else torch.tensor(t[0].item(), dtype=dt)
+            m.count = int(t[1].item()) if isinstance(m.count, int) else t[1].item()
