@@ -17,9 +17,10 @@ from .core import *
 # %% ../nbs/02a_eval.ipynb #ce766a5c
 def rank_block(n:int, # items in the epoch's order
           ws:int, # world size
-          r:int): # rank
-    "The `(start, stop)` of rank `r`'s contiguous block of `n` items, without padding"
-    m = -(-n//ws) # the block size fastai's `DistributedDL` uses, so rank r starts where it does
+          r:int, # rank
+          bs:int=1): # batch size: the blocks hold whole batches
+    "The `(start, stop)` of rank `r`'s contiguous block of `n` items, in whole batches of `bs`, without padding"
+    m = -(-(-(-n//bs))//ws)*bs # a share of the batches one process makes, so the ranks make the same batches
     return min(r*m, n), min((r+1)*m, n)
 
 # %% ../nbs/02a_eval.ipynb #881ee5f2
@@ -53,11 +54,11 @@ class ExactDL(DistributedDL):
     def get_idxs(self):
         idxs = self._broadcast(list(self.dl.get_idxs()), 0) # rank 0's order, should the loader shuffle
         self.n = len(idxs)
-        return idxs[slice(*rank_block(self.n, self.world_size, self.rank))]
+        return idxs[slice(*rank_block(self.n, self.world_size, self.rank, self.bs or 1))]
 
     def n_batches(self, r:int): # rank
         "Batches rank `r` takes"
-        a,b = rank_block(self.dl.n, self.world_size, r)
+        a,b = rank_block(self.dl.n, self.world_size, r, self.bs or 1)
         return (b-a)//self.bs if self.drop_last else -(-(b-a)//self.bs)
 
     def __len__(self): return self.n_batches(self.rank)
