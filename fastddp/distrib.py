@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 'check_args', 'no_lm', 'is_torch_dl',
-           'from_torch', 'data_sample', 'same_data', 'say_accum', 'sync_buffers', 'plain_loss']
+           'from_torch', 'data_sample', 'same_data', 'say_accum', 'PadForwards', 'sync_buffers', 'plain_loss']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
 import os, sys, time, atexit, inspect, difflib, pickle, cloudpickle
@@ -399,6 +399,7 @@ def after_fit(self:DistributedTrainer):
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])
     if self.opt is not None: self.opt.set_to_none = False; use_foreach(self.opt, False)
     plain_loss(self.learn.loss_func, False)
+    self.old_dls = None # undone: `detach_distributed` undoes it after a fit that raised, which fastai ends with no `after_fit`
 
 # %% ../nbs/03_distrib.ipynb #a7c10002
 _tfmd_init,_tfmd_new = TfmdDL.__init__,TfmdDL.new
@@ -451,7 +452,7 @@ def _give_workers(self:DistributedTrainer):
 @patch
 def after_pred(self:DistributedTrainer):
     if self.sharded is None: return
-    self.xb = self.learn.xb # the stand-in for `_pad_forwards`
+    self.stand_in = self.learn.xb # for `_pad_forwards`
     if not self.training: self.n_valid += 1
 
 @patch
@@ -459,8 +460,18 @@ def _pad_forwards(self:DistributedTrainer):
     "Run the forwards this rank is short of in a sharded validation pass, so that every rank joins the same all-gathers"
     dl = self.learn.dl
     if self.sharded is None or not isinstance(dl, ExactDL): return
+    n = max(map(dl.n_batches, range(dl.world_size)))
+    xb = getattr(self, 'stand_in', None)
+    if xb is None and n>self.n_valid: xb = to_device(dl.dl.one_batch(), self.accelerator.device)[:dl.n_inp] # nothing seen yet
     with torch.no_grad():
-        for _ in range(max(map(dl.n_batches, range(dl.world_size)))-self.n_valid): self.learn.model(*self.xb)
+        for _ in range(n-self.n_valid): self.learn.model(*xb)
+    self.n_valid = n
+
+class PadForwards(Callback):
+    "Run the trainer's `_pad_forwards` as a validation pass ends, before any other callback's exchange there"
+    order = -5 # before `GatherPredsCallback` (0), whose all-gather would meet a peer still in a sharded forward
+    def after_validate(self):
+        for o in self.learn.cbs.filter(lambda o: isinstance(o, DistributedTrainer)): o._pad_forwards()
 
 # %% ../nbs/03_distrib.ipynb #99738b59
 def sync_buffers(m):
@@ -582,6 +593,7 @@ def to_distributed(self:Learner,
     _cache_dispatch(self)
     if kwargs.get('prefetch', True): self.add_cb(Prefetch()) # on a GPU: the next batch's copy beside this step (a no-op on CPU)
     if kwargs.get('tune'): self.add_cb(Tune())
+    if kwargs.get('shard'): self.add_cb(PadForwards())
     if world_size()>1 and stall_time()>0: self.add_cb(Heartbeat())
     if world_size()>1: self.add_cb(Preempt()) # SIGTERM/SIGUSR1: every rank stops at one step (a `Checkpoint` saves there)
     if rank_distrib(): self.remove_cb(ProgressCallback)
@@ -590,15 +602,22 @@ def to_distributed(self:Learner,
 # %% ../nbs/03_distrib.ipynb #0c13623b
 def _ddp_cbs(learn):
     "The callbacks `to_distributed` adds beside the `DistributedTrainer`: they train data-parallel, and leave with it"
-    return learn.cbs.filter(lambda o: isinstance(o, (Tune, Prefetch, Heartbeat)) or type(o) is Preempt) # a user's `Checkpoint` stays
+    mine = (Tune, Prefetch, Heartbeat, PadForwards)
+    return learn.cbs.filter(lambda o: isinstance(o, mine) or type(o) is Preempt) # a user's `Checkpoint` stays
 
 @patch
 def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model's full weights (a collective: not after a failure)
     "Remove the `DistributedTrainer`, at any world size; a sharded model becomes a plain one with the full weights"
     # fastai returned early when `num_distrib()<=1`, leaving the trainer in `learn.cbs` under a 1-process launcher
     if not is_distributed(self): return self
-    sh = [o.sharded for o in self.cbs if isinstance(o, DistributedTrainer) and o.sharded]
+    trs = self.cbs.filter(lambda o: isinstance(o, DistributedTrainer))
+    # a fit that raised (caught by the script) skipped `after_fit`: the model stayed wrapped and the loaders split, and a `validate`
+    # after the context gave each rank its own half
+    for o in trs.filter(lambda o: getattr(o, 'old_dls', None) is not None): o.after_fit()
+    sh = [o.sharded for o in trs if o.sharded]
     if sh and gather: sh[0].gather()
+    elif sh: warn_once("after the failure the model stays sharded on each rank: gathering its weights needs every rank (a collective); "
+                       "resume from a checkpoint")
     self.remove_cb(DistributedTrainer)
     _cache_dispatch(self, False)
     if self.opt is not None: use_foreach(self.opt, False) # after a fit that raised, too

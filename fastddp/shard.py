@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/shard.html.md"""
 
 # %% auto #0
 __all__ = ['auto_units', 'check_units', 'bcast', 'BufferSync', 'shard_model', 'is_sharded', 'remap_opt', 'map_state', 'to_shard',
-           'to_full', 'meta_clone', 'full_state', 'Sharded']
+           'to_full', 'meta_clone', 'full_state', 'follow_grad', 'Sharded']
 
 # %% ../nbs/02h_shard.ipynb #a95ebc2b
 import os, sys, itertools, cloudpickle
@@ -165,6 +165,15 @@ def full_state(model):
     return {k: to_full(v).cpu() for k,v in model.state_dict().items()} # buffers too
 
 # %% ../nbs/02h_shard.ipynb #6f8876bb
+def follow_grad(plain, m):
+    "Give `plain`'s parameters the `requires_grad` of `m`'s of the same names now; return `plain`"
+    # `load_state_dict(assign=True)` keeps the flags of the module loaded into: a clone taken at a frozen first fit (`fine_tune`)
+    # came back from the context with its body frozen
+    live = dict(m.named_parameters())
+    for k,p in plain.named_parameters():
+        if k in live: p.requires_grad_(live[k].requires_grad)
+    return plain
+
 class Sharded:
     "Shard `learn`'s model and point its optimizer at the shards; `gather` ends it with a plain model holding the full weights"
     def __init__(self, learn, units=None, min_params=1_000_000, reshard=True, mp_policy=None, offload=False):
@@ -182,7 +191,7 @@ class Sharded:
         "Put a plain module holding the full weights (CPU) in `learn.model`, the optimizer on its parameters (a collective)"
         learn,m = self.learn,self.learn.model
         self.bsync.remove()
-        self.plain.load_state_dict(full_state(m), assign=True)
+        follow_grad(self.plain, m).load_state_dict(full_state(m), assign=True)
         if learn.opt is not None:
             map_state(learn.opt, to_full)
             new = dict(self.plain.named_parameters())
@@ -253,7 +262,7 @@ def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_p
     plain = meta_clone(sh[0].sharded.plain) if sh and sh[0].sharded else None
     if plain is None:
         raise DistribError("export: the sharded model has no plain structure to gather into (it was not sharded by distrib_ctx)")
-    plain.load_state_dict(full_state(m), assign=True)
+    follow_grad(plain, m).load_state_dict(full_state(m), assign=True)
     opt,self.model = self.opt,plain
     try:
         with self.removed_cbs(sh): _export_whole(self, fname, **kw)
