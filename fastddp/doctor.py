@@ -327,6 +327,8 @@ def doctor(json:bool=False, # print the report as JSON
     "Check this machine for distributed training; measure its all-reduce bandwidth with --bench. Exit code 1 when a check fails"
     try: ms = parse_size(max_size)
     except ValueError as e: print(f"fastddp-doctor: --max-size {e}", file=sys.stderr); return 2
+    for k,v,least in (('nproc', nproc, 1), ('workers', workers, 0)):
+        if v is not None and v<least: print(f"fastddp-doctor: --{k} {v}: expected {least} or more", file=sys.stderr); return 2
     r = checkup(nproc, workers, peer)
     launched = 'LOCAL_RANK' in os.environ # a launcher started the doctor: its ranks are the benchmark's
     if bench:

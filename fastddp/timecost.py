@@ -260,7 +260,8 @@ def stats(self:TimeCost,
 # %% ../nbs/05_timecost.ipynb #e6c6bace
 # `link`: Mbit/s under which the all-reduce's effective rate is a slow link (ethernet between machines, not shared memory,
 # NVLink or InfiniBand): there, sending fewer bytes comes first
-limits = dict(data=.1, comm=.15, imbalance=.1, compute=.5, callbacks=.1, link=1000)
+# `few_mib`: MiB per step under which an all-reduce's time is its fixed latency (a small MLP's), whatever the link
+limits = dict(data=.1, comm=.15, imbalance=.1, compute=.5, callbacks=.1, link=1000, few_mib=.1)
 
 def _comm_advice(st, lim):
     "What to do about exposed communication, with the numbers that call for it"
@@ -272,6 +273,10 @@ def _comm_advice(st, lim):
     if k>16: acc += " (too many micro-batches for accumulation alone: combine it with compression)"
     cmp = (f"compress: comm_hook='fp16' halves the bytes (about {s/(2-s):.0%} of the step), "
            "'powersgd' sends a low-rank approximation of them")
+    if st['comm_mib']<lim['few_mib']: # each all-reduce's fixed latency, not the bytes: compression would not help, nor would a link
+        return (f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}): {st['comm_mib']:.3f} MiB all-reduced "
+                f"per step in {st['comm_ms']:.1f} ms exposed, too few bytes for the link's rate to matter: the time is the all-reduce's "
+                f"fixed latency, paid at each synchronisation; {acc}; or a bigger batch per rank")
     slow = r is not None and r<lim['link']
     rate = f" in {st['comm_ms']:.1f} ms exposed, an effective {r:,.0f} Mbit/s" if r else ''
     rate += f", a slow link (below {lim['link']:,} Mbit/s)" if slow else ''

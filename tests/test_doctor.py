@@ -73,6 +73,13 @@ def test_bad_max_size():
     assert p.returncode==2
     assert p.stderr.strip().splitlines()==["fastddp-doctor: --max-size size '64X': expected bytes or a number with K, M or G, such as 64M"]
 
+def test_bad_counts():
+    "--nproc below 1 or --workers below 0: one line, exit code 2 (--nproc 0 ran as 2, --nproc -3 reported -3 processes)"
+    for a,v,least in (('--nproc', 0, 1), ('--nproc', -3, 1), ('--workers', -1, 0)):
+        p = doctor(a, v)
+        assert p.returncode==2, p
+        assert p.stderr.strip().splitlines()==[f"fastddp-doctor: {a} {v}: expected {least} or more"], p.stderr
+
 def test_light_import():
     "Importing the module imports neither torch nor fastai"
     p = subprocess.run([sys.executable, '-c', "import sys, fastddp.doctor; print('torch' in sys.modules, 'fastai' in sys.modules)"],
