@@ -55,7 +55,8 @@ def opt_sig(opt):
     by_dev = {}
     for _,v in leaves:
         if isinstance(v, Tensor): t = v.detach().double(); by_dev.setdefault(str(v.device), []).extend([t.sum(), t.square().sum()])
-    return shape, {k: torch.stack(v).tolist() for k,v in by_dev.items()}
+    nan = lambda xs: [x if x==x else 'nan' for x in xs] # a NaN equals no other: two diverged ranks would always differ
+    return shape, {k: nan(torch.stack(v).tolist()) for k,v in by_dev.items()}
 
 def sync_opt(learn):
     "Give every rank rank 0's optimizer state where a rank's differs (it trained alone since its last fit under DDP)"
