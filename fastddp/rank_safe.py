@@ -14,6 +14,7 @@ from fastai.callback.schedule import LRFinder
 from .core import *
 from .memory import opt_to_params
 import torch.distributed as dist
+import contextlib, io, functools
 
 # %% ../nbs/02c_rank_safe.ipynb #437eba08
 def _save_own(learn, file):
@@ -40,6 +41,19 @@ def after_fit(self:LRFinder):
     if (self.path/self.model_dir/self.tmp_p/'_tmp.pth').exists(): self.learn.load(f'{self.tmp_p}/_tmp', with_opt=True)
     if is_distributed(self.learn): distrib_barrier() # rank 0 removes the file only once every rank has read it
     self.tmp_d.cleanup()
+
+# %% ../nbs/02c_rank_safe.ipynb #ee95e268
+from fastai.callback.tracker import EarlyStoppingCallback, SaveModelCallback, ReduceLROnPlateau
+
+def _rank0_says(f):
+    "Event `f` of a callback, printing on rank 0 only while its learner trains data-parallel"
+    @functools.wraps(f)
+    def _f(self, *args, **kwargs):
+        if not (rank_distrib() and is_distributed(self.learn)): return f(self, *args, **kwargs)
+        with contextlib.redirect_stdout(io.StringIO()): return f(self, *args, **kwargs) # rank 0 prints the same line
+    return _f
+
+for _c in (EarlyStoppingCallback, SaveModelCallback, ReduceLROnPlateau): _c.after_epoch = _rank0_says(_c.after_epoch)
 
 # %% ../nbs/02c_rank_safe.ipynb #206a5de7
 def _leaves(o, at=()):
