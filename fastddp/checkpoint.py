@@ -242,7 +242,7 @@ def before_fit(self:Checkpoint):
     super(Checkpoint, self).before_fit() # the signal handlers
     self.resumed,self.last,self.rng0 = Resume(),None,None
     # `validate` and `get_preds` send `before_fit` too, holding `learn.lock` (a fit does not): they neither load nor save
-    self.fitting = not self.learn.lock.locked()
+    self.fitting = not validating(self.learn)
     if not (self.resume and self.fitting): return
     f,st = load_latest(self.dir)
     fit = (st or {}).get('fit', 0)

@@ -9,7 +9,7 @@ __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'warn_
            'default_backend', 'check_gpu', 'shared_gpu', 'check_backend', 'on_gpu', 'distrib_device', 'cpus',
            'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface',
            'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'check_ifname', 'init_distrib', 'all_gather_list',
-           'is_distributed', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
+           'is_distributed', 'validating', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, socket, ipaddress, datetime
@@ -301,6 +301,10 @@ def is_distributed(learn):
     "Is `learn` training data-parallel now, with a `DistributedTrainer` among its callbacks?"
     from fastai.distributed import DistributedTrainer # here: importing core loads neither fastai nor torch
     return any(isinstance(o, DistributedTrainer) for o in getattr(learn, 'cbs', ())) # a stand-in without callbacks (a metric's test) is not
+
+def validating(learn):
+    "Is `learn` in fastai's `validate` or `get_preds`, which send `before_fit` too (holding `learn.lock`, which a fit does not)?"
+    return learn.lock.locked()
 
 # %% ../nbs/00_core.ipynb #7c34209b
 def learn_device(learn):

@@ -338,7 +338,7 @@ def before_fit(self:DistributedTrainer):
                                "sync_bn=False to distrib_ctx") from e
     self.inner = None if self.shard else compile_for(self.learn, m) # compiled inside DDP; what `after_fit` gives back
     self.learn.model = self._shard(m) if self.shard else self._prepare(self.inner)
-    if not self.shard: sync_opt(self.learn) # DDP gave every rank rank 0's weights; the optimizer state too
+    if not (self.shard or validating(self.learn)): sync_opt(self.learn) # DDP gave every rank rank 0's weights; the optimizer state too
     self._share_workers()
     self.old_dls = list(self.dls)
     self.learn.dls.loaders = [self._wrap_dl(dl, ExactDL if i else DistributedDL) for i,dl in enumerate(self.dls)]
@@ -465,7 +465,6 @@ def _pad_forwards(self:DistributedTrainer):
     if xb is None and n>self.n_valid: xb = to_device(dl.dl.one_batch(), self.accelerator.device)[:dl.n_inp] # nothing seen yet
     with torch.no_grad():
         for _ in range(n-self.n_valid): self.learn.model(*xb)
-    self.n_valid = n
 
 class PadForwards(Callback):
     "Run the trainer's `_pad_forwards` as a validation pass ends, before any other callback's exchange there"
@@ -493,7 +492,6 @@ def before_validate(self:DistributedTrainer):
 def after_validate(self:DistributedTrainer):
     "Combine the ranks' metrics once, before `Recorder` (order 50) reads them"
     rec = getattr(self.learn, 'recorder', None)
-    self._pad_forwards()
     if rec is not None and rec.valid_metrics: reduce_metrics(list(rec._valid_mets))
 
 # %% ../nbs/03_distrib.ipynb #8c7bec5e

@@ -22,7 +22,8 @@ def rank_block(n:int, # items in the epoch's order
           r:int, # rank
           bs:int=1): # batch size: the blocks hold whole batches
     "The `(start, stop)` of rank `r`'s contiguous block of `n` items, in whole batches of `bs`, without padding"
-    m = -(-(-(-n//bs))//ws)*bs # a share of the batches one process makes, so the ranks make the same batches
+    nb = -(-n//bs) # the batches one process makes
+    m = -(-nb//ws)*bs # a share of them: the ranks make the same batches
     return min(r*m, n), min((r+1)*m, n)
 
 # %% ../nbs/02a_eval.ipynb #881ee5f2

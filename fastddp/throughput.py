@@ -91,7 +91,7 @@ class Throughput(Callback):
         self.stats = [] # one dict per epoch
 
     def before_fit(self):
-        if self.learn.lock.locked(): self.run = False; return # `validate`, `get_preds`: nothing trains; the fit's figures stay
+        if validating(self.learn): self.run = False; return # nothing trains; the fit's figures stay
         self.flops,self.stats = None,[]
         m = self.learn.model
         self.model_ = getattr(m, 'module', m) # the plain model under DDP

@@ -98,7 +98,7 @@ class TimeCost(Callback):
         self.ranks = None
 
     def before_fit(self):
-        if self.learn.lock.locked(): self.run = False; return # `validate`, `get_preds`: nothing trains; the fit's figures stay
+        if validating(self.learn): self.run = False; return # nothing trains; the fit's figures stay
         self.hook,self.psgd_start,self.syncs0 = None,None,None # what the forecast needs of the communication hook
         for cb in self.learn.cbs: # the hook that counts all-reduces also tells when buckets are ready
             if isinstance(cb, DistributedTrainer): cb.comm_stats,self.hook,self.psgd_start = True,cb.comm_hook,cb.powersgd_start
