@@ -11,6 +11,7 @@ __all__ = ['rng_state', 'set_rng_state', 'write_tmp', 'commit_tmp', 'save_atomic
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, random, shutil, subprocess, numpy as np, torch
 import torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.tensor import DTensor
 from fastai.optimizer import OptimWrapper
 from pathlib import Path
@@ -122,8 +123,10 @@ def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the sha
         tmp.mkdir(parents=True)
     dist.barrier()
     ent = _opt_entries(learn)
+    # DCP writes one copy of a tensor that is not sharded (a buffer), from the rank with the least to write by default. On CPU each
+    # rank keeps its own BatchNorm statistics, and at the next forward every rank takes rank 0's, as DDP does: write rank 0's
     dcp.save({'model': learn.model.state_dict(), 'opt': {k:v for k,v in ent.items() if isinstance(v, torch.Tensor)}},
-             storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+             storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
     if is_rank0():
         save_atomic({**meta, 'opt_other': {k:v for k,v in ent.items() if not isinstance(v, torch.Tensor)}, 'hypers': _hypers(learn.opt)},
                     tmp/'meta.pth')
