@@ -89,7 +89,6 @@ SCK = CK.replace("with learn.distrib_ctx():", "with learn.distrib_ctx(shard=True
     "report(opt=[{k:v.clone() for k,v in learn.opt.state[p].items() if isinstance(v, torch.Tensor)} for p in learn.model.parameters()], "
     "w=")
 
-@pytest.mark.smoke
 def test_sharded_resume(tmp_path, ref, marker):
     ("Sharded: a rank killed mid-epoch resumes from the shards to the uninterrupted weights, bit for bit; "
      "2 ranks' checkpoint loads at 3 at an epoch's end, not mid-epoch")

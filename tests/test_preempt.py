@@ -144,6 +144,8 @@ def test_validation_last_step_no_checkpoint(tmp_path, ref, marker):
     assert "resuming from" in again.out and "(epoch 3 of 3, step 0)" in again.out, again.out[-3000:]
     for o in again: assert torch.equal(_flat(o['w']), ref)
 
+# `make test-floor`'s sharding and DCP at the floors: FSDP2, a sharded checkpoint written at a signal, resumed bit-equal
+@pytest.mark.smoke
 def test_sharded(tmp_path, ref, marker):
     ("Sharded (FSDP2): SIGUSR1 to the launcher mid-epoch: every rank writes its shards at one step, "
      "exit 75; the same command again ends bit-equal to the uninterrupted run (at 2 ranks sharded and DDP add the same gradients)")
