@@ -112,10 +112,14 @@ def fail_msg(e, nnodes:int=1): # the number of nodes in the job
     r0 = min(own, key=lambda r: (peer_lost(_why(own[r])), own[r].timestamp, r))
     res = [f"rank {r0} (pid {fs[r0].pid}) failed: {_why(fs[r0])}"]
     same = sorted(r for r in fs if r!=r0 and fs[r].exitcode>0 and _why(fs[r])==_why(fs[r0])) # bad input: every rank says the same
-    others = sorted(r for r in fs if r!=r0 and r not in same)
-    if same: res.append(f"rank{'s' if len(same)>1 else ''} {', '.join(map(str, same))} failed the same way")
-    if others: res.append(f"rank{'s' if len(others)>1 else ''} {', '.join(map(str, others))} failed after it "
-                          "(usually: their peer was gone)")
+    others = [r for r in sorted(fs) if r!=r0 and r not in same]
+    # SIGTERM is how the agent stops the ranks still running once one has failed: those had not failed (yet)
+    stopped = [r for r in others if fs[r].exitcode==-signal.SIGTERM]
+    after = [r for r in others if r not in stopped]
+    ranks = lambda rs: f"rank{'s' if len(rs)>1 else ''} {', '.join(map(str, rs))}"
+    if same: res.append(f"{ranks(same)} failed the same way")
+    if after: res.append(f"{ranks(after)} failed after it (usually: their peer was gone)")
+    if stopped: res.append(f"{ranks(stopped)} stopped by the launcher")
     # every rank here lost a peer: the cause is on another node, whose own launcher says what it was (or nothing, if the machine died)
     if nnodes>1 and peer_lost(_why(fs[r0])):
         m = _peer_addr.search(_why(fs[r0]))

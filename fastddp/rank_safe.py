@@ -57,14 +57,15 @@ for _c in (EarlyStoppingCallback, SaveModelCallback, ReduceLROnPlateau): _c.afte
 
 # %% ../nbs/02c_rank_safe.ipynb #206a5de7
 def _leaves(o, at=()):
-    "`(place, value)` of each leaf of the nested dicts, lists and tuples `o`"
+    "`(place, value)` of each leaf of the nested dicts, lists (fastcore's `L` too) and tuples `o`"
     if isinstance(o, dict): return [x for k,v in o.items() for x in _leaves(v, at+(k,))]
-    if isinstance(o, (list, tuple)): return [x for i,v in enumerate(o) for x in _leaves(v, at+(i,))]
+    if isinstance(o, (list, tuple, L)): return [x for i,v in enumerate(o) for x in _leaves(v, at+(i,))]
     return [(at, o)]
 
 def opt_sig(opt):
     "What tells two optimizer states apart: each entry's place and value, a tensor's shape and dtype and its sums (one copy per device)"
-    leaves = _leaves(opt.state_dict()['state'])
+    # all but the hyper-parameters, which the schedulers set alike on every rank: `Lookahead` adds its slow weights and step count
+    leaves = _leaves({k:v for k,v in opt.state_dict().items() if k not in ('hypers', 'param_groups')})
     shape = [(k, tuple(v.shape), v.dtype) if isinstance(v, Tensor) else (k, v) for k,v in leaves]
     by_dev = {}
     for _,v in leaves:

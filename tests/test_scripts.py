@@ -75,6 +75,7 @@ def test_bad_input_two_ranks(tmp_path):
         assert 'Connection closed by peer' not in out and 'urllib' not in out, (k, out[-3000:]) # no lost peer, no traceback of the cause
         if 'fastddp' in cmd[2]: # the launcher's line: the cause, once (the other rank failed the same way, or was stopped first)
             assert sum(f"ScriptError: {msg}" in l for l in out.splitlines())==1, (k, out[-3000:])
+            assert 'failed after it' not in out, (k, out[-3000:]) # the other rank is not a lost peer: the same error, or stopped
             assert p.returncode==2, (k, p.returncode) # bad input, as in one process (torchrun says 1)
 
 def test_script_checkpoint(tmp_path):
