@@ -549,15 +549,25 @@ def before_batch(self:CastToTensor):
 
 # %% ../nbs/03_distrib.ipynb #8a57e531
 _learner_set_device = Learner._set_device
+def _batch_device(learn):
+    "Where `learn`'s batches go: its model's device, or the GPU that FSDP2 computes on when it keeps the shards in CPU memory"
+    t = learn.__dict__.get('distributed_trainer')
+    if getattr(getattr(t, 'sharded', None), 'offload', False): return t.accelerator.device
+    p = next(learn.model.parameters(), None)
+    return None if p is None else p.device
+
 @patch
 def _set_device(self:Learner, b):
     "fastai's; inside `distrib_ctx`, the batch itself when it is a tuple of tensors on the model's device already"
     c = self.__dict__.get('_cb_cache')
-    if c is None or type(b) is not tuple or defaults.use_cuda==False: return _learner_set_device(self, b)
-    m,p = c.get('param', (None,None))
-    if m is not self.model: m,p = c['param'] = self.model,next(self.model.parameters(), None) # a new model (DDP's, at a fit's start)
-    if p is not None and all(isinstance(o, Tensor) and o.device==p.device for o in b): return b
-    return _learner_set_device(self, b)
+    if c is None or defaults.use_cuda==False: return _learner_set_device(self, b)
+    k = self.model,getattr(self.__dict__.get('distributed_trainer'), 'sharded', None) # `__dict__`: no `GetAttr` search of the model
+    if c.get('dev', (None,))[0]!=k: c['dev'] = k,_batch_device(self) # a new model (DDP's, at a fit's start), or new shards
+    d = c['dev'][1]
+    if d is None: return _learner_set_device(self, b)
+    if type(b) is tuple and all(isinstance(o, Tensor) and o.device==d for o in b): return b
+    # fastai's sends a batch where the first parameter is, which is the CPU for shards kept there: the loss would meet CPU targets
+    return to_device(b, d)
 
 
 # %% ../nbs/03_distrib.ipynb #ded39f7e

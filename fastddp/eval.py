@@ -106,6 +106,11 @@ def _own(m):
     try: pickle.dumps(st); return st
     except Exception: return None # a lambda or a handle among them: each rank keeps its own
 
+def _as_own(st, m):
+    "Rank 0's state `st` for this rank's metric `m`: a tensor goes back where `m`'s own was (it came through the CPU)"
+    own = vars(m) # a metric that reuses its GPU tensor (`self.cm.zero_()` in `reset`) must find it on its GPU at the next validation
+    return {k: v.to(own[k].device) if isinstance(v, Tensor) and isinstance(own.get(k), Tensor) else v for k,v in st.items()}
+
 def _dtype(o): return o.dtype if isinstance(o, Tensor) else None
 
 def reduce_metrics(mets):
@@ -132,4 +137,4 @@ def reduce_metrics(mets):
             m.count = int(t[1].item()) if isinstance(m.count, int) else t[1].item()
         elif _sums(m):
             for k in _sums(m): setattr(m, k, functools.reduce(_add, [p[k] for p in ps]))
-        elif rank_distrib(): vars(m).update(ps[0])
+        elif rank_distrib(): vars(m).update(_as_own(ps[0], m))

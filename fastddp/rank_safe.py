@@ -63,13 +63,14 @@ def _leaves(o, at=()):
     return [(at, o)]
 
 def opt_sig(opt):
-    "What tells two optimizer states apart: each entry's place and value, a tensor's shape and dtype and its sums (one copy per device)"
+    "What tells two optimizer states apart: each entry's place and value, a tensor's shape and dtype and its sums (a copy per device type)"
     # all but the hyper-parameters, which the schedulers set alike on every rank: `Lookahead` adds its slow weights and step count
     leaves = _leaves({k:v for k,v in opt.state_dict().items() if k not in ('hypers', 'param_groups')})
     shape = [(k, tuple(v.shape), v.dtype) if isinstance(v, Tensor) else (k, v) for k,v in leaves]
     by_dev = {}
     for _,v in leaves:
-        if isinstance(v, Tensor): t = v.detach().double(); by_dev.setdefault(str(v.device), []).extend([t.sum(), t.square().sum()])
+        # keyed by the type, not the device: rank 1's state is on cuda:1 where rank 0's is on cuda:0
+        if isinstance(v, Tensor): t = v.detach().double(); by_dev.setdefault(v.device.type, []).extend([t.sum(), t.square().sum()])
     nan = lambda xs: [x if x==x else 'nan' for x in xs] # a NaN equals no other: two diverged ranks would always differ
     return shape, {k: nan(torch.stack(v).tolist()) for k,v in by_dev.items()}
 

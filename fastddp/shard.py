@@ -180,7 +180,7 @@ class Sharded:
         m = learn.model
         old = dict(m.named_parameters())
         self.plain = meta_clone(m)
-        self.units,self.reshard = shard_model(m, units, min_params, reshard, mp_policy, offload),reshard
+        self.units,self.reshard,self.offload = shard_model(m, units, min_params, reshard, mp_policy, offload),reshard,offload
         new = dict(m.named_parameters()) # FSDP2 keeps the names
         if learn.opt is not None:
             remap_opt(learn.opt, {id(old[k]): new[k] for k in old})

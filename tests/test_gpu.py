@@ -79,6 +79,15 @@ with a.distrib_ctx(): a.fit(1, 1e-2, cbs=Checkpoint('ck'))
 b = mk(ds, 4, path=ck)
 with b.distrib_ctx(): b.fit(2, 1e-2, cbs=Checkpoint('ck')) # resumes after epoch 0: Adam's state must come back on the GPU
 report(resumed=[p.detach().cpu() for p in b.model.parameters()])
+class Seen(Metric): # keeps its count on the GPU and reuses the tensor, as a confusion matrix may: ranks but 0 take rank 0's count
+    def __init__(self): self.n = None
+    def reset(self): self.n = torch.zeros(1, device='cuda') if self.n is None else self.n.zero_()
+    def accumulate(self, learn): self.n += learn.yb[0].new_ones(1)
+    @property
+    def value(self): return self.n.item()
+s = mk(ds, 4); s.metrics = [Seen()]
+with s.distrib_ctx(): s.fit(2, 1e-2) # the second validation adds to the tensor the first one gave each rank
+report(seen=[v[-1] for v in s.recorder.values], seen_dev=str(s.metrics[0].n.device))
 if rank()==0:
     m = len(ds)//ws
     order = [i for s in range(0, m, 4) for r in range(ws) for i in range(r*m, (r+1)*m)[s:s+4]]
@@ -100,6 +109,7 @@ def test_shared_gpu(n, tmp_path):
     assert torch.allclose(r0['preds'], r0['ref_preds'], atol=1e-5) and torch.equal(r0['targs'], r0['ref_targs'])
     assert r0['bn_type']=='SyncBatchNorm' and all(torch.equal(o['bn'][0], r0['bn'][0]) for o in rs)
     assert close(r0['resumed'], r0['w']) # resumed from epoch 1's checkpoint: the uninterrupted run's weights
+    assert all((o['seen'], o['seen_dev'])==(r0['seen'], 'cuda:0') for o in rs), [(o['seen'], o['seen_dev']) for o in rs]
 
 NCCL_TWO = '''
 import fastddp

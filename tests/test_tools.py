@@ -42,3 +42,16 @@ def test_gpu_steps_without_cuda(tmp_path):
     assert len(names)>=10 and set(names)==set(rows), (names, list(rows))
     assert all(r[0]=='not run' and 'no CUDA GPU' in r[2] for r in rows.values()), rows
     assert '| IMDB sample script, python | not run |' in (tmp_path/'summary.md').read_text()
+
+def test_gpu_notebook_cells_fit_one_gpu():
+    ("The notebooks step of `make test-gpu` runs every unflagged cell of a notebook with `#| cuda` cells on a one-GPU machine, where "
+     "`fastddp.launch --nproc 2` refuses (nccl wants a GPU per rank): an unflagged cell that launches ranks hides the GPU")
+    import re
+    bad = []
+    for nb in _tool('test_gpu')._nbs_with_cuda():
+        path = next((ROOT/'nbs').rglob(nb))
+        for i,c in enumerate(json.loads(path.read_text())['cells']):
+            s = ''.join(c['source'])
+            if c['cell_type']!='code' or re.search(r'^#\|\s*(cuda|multigpu|notest)\b', s, re.M): continue
+            if 'run_ranks(' in s and "CUDA_VISIBLE_DEVICES=''" not in s: bad.append(f'{nb} cell {i}')
+    assert not bad, bad
