@@ -72,6 +72,7 @@ def register_hook(tr, stats:CommStats=None): # keep counting into these (a model
     check_hook(h, dist.get_backend())
     state = (psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=tr.powersgd_start)
              if h=='powersgd' else None)
+    if h=='powersgd': warn_once(f"PowerSGD compresses from step {tr.powersgd_start} on (`powersgd_start`): DDP's full all-reduce before it")
     tr.learn.comm_stats = stats or CommStats()
     m.register_comm_hook(CountedHook(h if callable(h) else _fns[h], state, tr.learn.comm_stats), counted_hook)
 

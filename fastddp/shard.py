@@ -245,7 +245,7 @@ def _export_whole(learn, fname, **kwargs):
     "fastai's `export`, into a side file renamed to `fname` once whole: a failed export leaves no half-written file"
     fn = learn.path/fname
     part,dls,opt = fn.with_name(fn.name+'.part'),learn.dls,learn.opt
-    try: _learner_export(learn, part, **kwargs)
+    try: _learner_export(learn, part.absolute(), **kwargs) # fastai's joins `learn.path` again: `part` already holds a relative one
     except BaseException:
         learn.dls,learn.opt = dls,opt # fastai's export leaves empty loaders and no optimizer when pickling fails
         part.unlink(missing_ok=True)

@@ -4,7 +4,7 @@ import fastddp
 from fastai.text.all import *
 from fastai.distributed import *
 from fastddp.core import *
-from fastddp.script import script_flags, get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
+from fastddp.script import script_flags, positive, get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
 
 @call_parse
 @delegates(script_flags)
@@ -17,8 +17,9 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
          lr:float=2e-2, # the single-process learning rate
          **kwargs): # the common flags (`fastddp.script.script_flags`)
     "Fine-tune an AWD-LSTM classifier on movie reviews; tokenisation runs on rank 0 first"
-    o = script_flags(**kwargs)
     def _run():
+        o = script_flags(**kwargs) # checked here: bad input is one line
+        positive(epochs=epochs, bs=bs)
         set_seed(o.seed)
         kind = 'imdb_sample' if sample else 'imdb'
         path = get_data(kind, data, synthetic)

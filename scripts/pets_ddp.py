@@ -5,7 +5,7 @@ from fastai.vision.all import *
 from fastai.distributed import *
 from fastddp.core import *
 from fastddp.data import PETS_RE
-from fastddp.script import script_flags, get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
+from fastddp.script import script_flags, positive, get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
 
 def get_arch(name, pretrained, weights='DEFAULT'):
     "A torchvision classifier by name (its cut/split registered for fastai when `model_meta` lacks it) and its weights enum member"
@@ -45,8 +45,9 @@ def main(data:str=None, # `oxford-iiit-pet` folder in fastai's layout (default: 
          workers:int=None,
          **kwargs): # the common flags (`fastddp.script.script_flags`)
     "Fine-tune `arch` on the pet breeds; labels from the file names, images converted to RGB"
-    o = script_flags(**kwargs)
     def _run():
+        o = script_flags(**kwargs) # checked here: bad input is one line
+        positive(epochs=epochs, bs=bs)
         set_seed(o.seed)
         path = get_data('pets', data, synthetic)
         a,w = rank0_first(get_arch, arch, pretrained, weights) # rank 0 fetches the weights, the others find them cached

@@ -4,7 +4,7 @@ import fastddp
 from fastai.tabular.all import *
 from fastai.distributed import *
 from fastddp.core import *
-from fastddp.script import script_flags, get_data, train_cbs, run_ctx, finish, run_main
+from fastddp.script import script_flags, positive, get_data, train_cbs, run_ctx, finish, run_main
 
 @call_parse
 @delegates(script_flags)
@@ -15,8 +15,9 @@ def main(data:str=None, # `adult_sample` folder in fastai's layout (default: dow
          lr:float=1e-2, # the single-process learning rate
          **kwargs): # the common flags (`fastddp.script.script_flags`)
     "Train fastai's standard Adult model: `Categorify, FillMissing, Normalize`, target `salary`"
-    o = script_flags(**kwargs)
     def _run():
+        o = script_flags(**kwargs) # checked here: bad input is one line
+        positive(epochs=epochs, bs=bs)
         set_seed(o.seed)
         path = get_data('adult', data, synthetic)
         df = pd.read_csv(path/'adult.csv')

@@ -58,6 +58,13 @@ def test_bad_input(tmp_path):
     assert p.returncode==2 and f"--data {tmp_path}" in p.stderr.splitlines()[-1] and "images" in p.stderr.splitlines()[-1]
     p = subprocess.run([sys.executable, str(S/'pets_ddp.py'), '--synthetic', '74'], capture_output=True, text=True) # 2 images a breed
     assert p.returncode==2 and "--synthetic 74: at least 148 for pets" in p.stderr.splitlines()[-1], p.stderr[-2000:]
+    env = {**__import__('os').environ, 'FASTDDP_DATA': str(tmp_path/'data')}
+    bad = {('--forecast', '3y'): "--forecast '3y': expected", ('--epochs', '0'): "--epochs 0: expected 1 or more", # before any data
+           ('--synthetic', '20'): "16 training items make no batch of 64 in each of 1 process(es)"} # an epoch would train nothing
+    for args,msg in bad.items():
+        p = subprocess.run([sys.executable, str(S/'tabular_ddp.py'), *(() if '--synthetic' in args else ('--synthetic', '20')), *args],
+                           capture_output=True, text=True, env=env)
+        assert p.returncode==2 and msg in p.stderr.splitlines()[-1] and 'Traceback' not in p.stderr, (args, p.stderr[-2000:])
 
 def test_bad_input_two_ranks(tmp_path):
     ("Under 2 ranks, bad input is one line whichever rank ends first: offline with no --data (rank 0 fails in `rank0_first`, the other "
@@ -87,6 +94,8 @@ def test_script_checkpoint(tmp_path):
     assert p.returncode==0 and sorted(o.name for o in (tmp_path/'ck').iterdir())==['ckpt_e0001_s000000.pth', 'ckpt_e0002_s000000.pth']
     p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" in p.stdout+p.stderr and "ckpt_e0002_s000000.pth" in p.stdout+p.stderr
+    p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env) # the finished run again: its numbers, no speed
+    assert p.returncode==0 and "no epoch left to train" in p.stdout+p.stderr, p.stderr[-2000:]
     p = subprocess.run(base+['--epochs', '1', '--no-resume', '--dp', '--out', str(tmp_path/'o')], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr, p.stderr[-2000:]
     assert json.loads((tmp_path/'o'/'metrics.json').read_text())['wrapper']=='DataParallel'
