@@ -33,7 +33,7 @@ from .epoch_loss import EpochLoss
 from .shard import Sharded, auto_units
 from .compile import compile_cb, compile_for, no_accel_compile
 from .watchdog import Heartbeat, guard_exit
-from .preempt import Preempt
+from .preempt import Preempt, Preempted
 from .foreach import use_foreach
 from .tune import Tune
 import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib applies every patch
@@ -614,7 +614,9 @@ def _ddp_cbs(learn):
     return learn.cbs.filter(lambda o: isinstance(o, mine) or type(o) is Preempt) # a user's `Checkpoint` stays
 
 @patch
-def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model's full weights (a collective: not after a failure)
+def detach_distributed(self:Learner,
+                       # gather a sharded model's full weights (a collective: not after a failure); None: keep the shards, say nothing
+                       gather:bool=True):
     "Remove the `DistributedTrainer`, at any world size; a sharded model becomes a plain one with the full weights"
     # fastai returned early when `num_distrib()<=1`, leaving the trainer in `learn.cbs` under a 1-process launcher
     if not is_distributed(self): return self
@@ -624,8 +626,9 @@ def detach_distributed(self:Learner, gather:bool=True): # gather a sharded model
     for o in trs.filter(lambda o: getattr(o, 'old_dls', None) is not None): o.after_fit()
     sh = [o.sharded for o in trs if o.sharded]
     if sh and gather: sh[0].gather()
-    elif sh: warn_once("after the failure the model stays sharded on each rank: gathering its weights needs every rank (a collective); "
-                       "resume from a checkpoint")
+    elif sh and gather is False:
+        warn_once("after the failure the model stays sharded on each rank: gathering its weights needs every rank (a collective); "
+                  "resume from a checkpoint")
     self.remove_cb(DistributedTrainer)
     _cache_dispatch(self, False)
     if self.opt is not None: use_foreach(self.opt, False) # after a fit that raised, too
@@ -665,7 +668,7 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     if is_stream(tr) and getattr(tr, 'n', 0) is None: stream_len(tr) # asks for `n=` at any world size (fastai: a bare TypeError)
     if num_distrib()>1: L(getattr(getattr(self, 'dls', None), 'loaders', [])).map(no_lm) # here, not in a `validate`'s `before_fit`
     backend = kwargs.get('backend')
-    ok,lost = False,False
+    ok,lost,pre = False,False,False
     if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
     # `accelerate launch --mixed_precision`: fastai's callback, at any world size, kept after the context as a `to_bf16()` would be
     mp = _launch_precision(self, in_notebook)
@@ -688,8 +691,10 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
                                "pass find_unused_parameters=True to distrib_ctx") from e
         lost = peer_lost(str(e)) and bool(os.environ.get('TORCHELASTIC_RUN_ID'))
         raise
+    except Preempted: pre = True; raise # every rank stopped at one step, its checkpoint written: the process ends, nothing to say
     finally:
-        self.detach_distributed(gather=ok) # after a failure the other ranks may be gone: no collective
+        # after a failure the other ranks may be gone: no collective
+        self.detach_distributed(gather=ok or (None if pre else False))
         if cc is not None: self.remove_cb(cc); cc.undo() # the learner leaves with its eager model (fastai's export, pickle)
         # torch's agent names as the cause the failure with the earliest timestamp, in whole seconds: a rank that lost its peer
         # ends over a second after the rank that failed, so torchrun's and notebook_launcher's summaries name the cause. Only once
