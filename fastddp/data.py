@@ -219,4 +219,8 @@ def check_layout(path, # the dataset's folder: `oxford-iiit-pet`, `imdb_sample`,
     if _layout_ok(path, kind): return path
     name,pat,desc = _LAYOUTS[kind]
     hint = f"; {path/name} exists: pass that folder" if (path/name).is_dir() else ""
+    if kind in ('adult', 'imdb_sample') and (path/pat).is_file(): # the file is there: what its header lacks
+        want,have = desc.split('with columns ')[1].rstrip(')').split(','),_header(path/pat).split(',')
+        lack = [c for c in want if c not in have]
+        hint = f"; it lacks {', '.join(lack)}" if lack else f"; it has {','.join(have)}"
     raise FileNotFoundError(f"expected {path}/{pat}: {desc}{hint}")
