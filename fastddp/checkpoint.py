@@ -267,6 +267,9 @@ def before_fit(self:Checkpoint):
         warn_once(f"{f.name} was written at an epoch's end {st['train_iter']%k} micro-batch(es) after the last optimizer step of "
                   f"Accumulate({k}): their gradients are not in it, so the run is not bit-equal to an uninterrupted one (epochs of a "
                   f"multiple of {k} steps avoid it)")
+    if st['n_epoch']!=self.n_epoch:
+        warn_once(f"{f.name} was written by a fit of {st['n_epoch']} epoch(s) and this one has {self.n_epoch}: continuing, with a "
+                  "schedule that depends on the number of epochs (fit_one_cycle's) changed: not the run either length would give")
     if not same: warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order "
                            "re-sharded (and the global batch changed): not bit-equal to an uninterrupted run"
                            +(f"; the epoch goes on after step {st['iter']} of the new sharding" if st['iter'] else ""))

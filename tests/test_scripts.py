@@ -94,6 +94,7 @@ def test_script_checkpoint(tmp_path):
     assert p.returncode==0 and sorted(o.name for o in (tmp_path/'ck').iterdir())==['ckpt_e0001_s000000.pth', 'ckpt_e0002_s000000.pth']
     p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" in p.stdout+p.stderr and "ckpt_e0002_s000000.pth" in p.stdout+p.stderr
+    assert "written by a fit of 2 epoch(s) and this one has 3" in p.stdout+p.stderr # one cycle of 3 epochs is not one of 2
     p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env) # the finished run again: its numbers, no speed
     assert p.returncode==0 and "no epoch left to train" in p.stdout+p.stderr, p.stderr[-2000:]
     p = subprocess.run(base+['--epochs', '1', '--no-resume', '--dp', '--out', str(tmp_path/'o')], capture_output=True, text=True, env=env)
