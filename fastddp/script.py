@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/script.html.md"""
 
 # %% auto #0
 __all__ = ['offline_errors', 'ScriptError', 'run_main', 'get_data', 'script_flags', 'positive', 'EpochTimer', 'WrapRecorder',
-           'train_cbs', 'run_ctx', 'one_batch', 'summary', 'finish']
+           'train_cbs', 'run_ctx', 'one_batch', 'summary', 'summary_line', 'finish']
 
 # %% ../nbs/08_script.ipynb #8f052bdd
 import os, sys, json, time, urllib.error, http.client
@@ -187,13 +187,22 @@ def summary(learn, task:str, epochs:int, secs:float, n_items:int):
                 wrapper=wr.wrapper if wr is not None else None, history=hist)
 
 # %% ../nbs/08_script.ipynb #fc529898
+def summary_line(s):
+    "Rank 0's last line for summary `s`: the metrics, then each speed named by what it times"
+    ms = s['metrics']
+    # `Throughput`'s columns (--time-cost): its last epoch's training steps, without validation
+    tp = {k:ms[k] for k in ('samples_s','mfu') if k in ms and 'samples_s' in ms}
+    res = f"{s['task']}: {s['world_size']} process(es), valid_loss {s['valid_loss']:.4f}"
+    res += ''.join(f", {k} {v:.4f}" for k,v in ms.items() if k not in tp)
+    if tp: res += f"; training steps (last epoch): {tp['samples_s']:.1f} samples/s"+(f", MFU {tp['mfu']:.2g}" if 'mfu' in tp else '')
+    # `EpochTimer`'s whole epochs: validation included, the training items over the epoch's wall time
+    return res+(f"; whole epochs (validation included): {s['sec_per_epoch']:.3g} s/epoch, {s['samples_per_s']:.1f} training samples/s"
+                if s['sec_per_epoch'] else "; no epoch left to train (the checkpoint's run had finished: its numbers)")
+
 def finish(learn, task, epochs, secs, n_items, out=None):
     "Print the summary on rank 0; with `out`, write `metrics.json` and `export.pkl` there"
     s = summary(learn, task, epochs, secs, n_items)
-    rank0_print(f"{task}: {s['world_size']} process(es), valid_loss {s['valid_loss']:.4f}, "
-                +', '.join(f"{k} {v:.4f}" for k,v in s['metrics'].items())
-                +(f", {s['sec_per_epoch']:.1f} s/epoch, {s['samples_per_s']:.1f} samples/s" if s['sec_per_epoch'] else
-                  ", no epoch left to train (the checkpoint's run had finished: its numbers)"))
+    rank0_print(summary_line(s))
     if out and is_rank0():
         out = Path(out); out.mkdir(parents=True, exist_ok=True)
         (out/'metrics.json').write_text(json.dumps(s, indent=2))

@@ -101,7 +101,10 @@ class TimeCost(Callback):
         if validating(self.learn): self.run = False; return # nothing trains; the fit's figures stay
         self.hook,self.psgd_start,self.syncs0 = None,None,None # what the forecast needs of the communication hook
         for cb in self.learn.cbs: # the hook that counts all-reduces also tells when buckets are ready
-            if isinstance(cb, DistributedTrainer): cb.comm_stats,self.hook,self.psgd_start = True,cb.comm_hook,cb.powersgd_start
+            if not isinstance(cb, DistributedTrainer): continue
+            # the trainer's own attribute, set in its `__dict__`: `Callback.__setattr__` warns of shadowing once an earlier fit
+            # (`fine_tune`'s frozen one) has put `comm_stats` on the learner
+            cb.__dict__['comm_stats'],self.hook,self.psgd_start = True,cb.comm_hook,cb.powersgd_start
         self.end = TimeEnd(self)
         self.learn.add_cb(self.end)
         self.raw,self.steps,self.bs,self.timeline,self.mem,self.compiled,self.sync = [],[],[],[],None,[],[]
@@ -253,19 +256,27 @@ def stats(self:TimeCost,
     # for a straggler), median over steps; it is the link's rate when backward hides none of the all-reduce, higher when it does
     # DDP's broadcast of buffers before forward, which 'comm' also counts (mean ms per step on each rank)
     res['sync_ms'] = [1e3*r['sync'][_kept(r, self.skip)].mean() if len(r.get('sync', ())) else 0. for r in rs]
-    res['comm_ms'] = min(m-s for (_,m,_),s in zip(res['phases']['comm'], res['sync_ms']))
+    ar = [m-s for (_,m,_),s in zip(res['phases']['comm'], res['sync_ms'])] # each rank's exposed all-reduce
+    res['comm_ms'],res['least'] = min(ar),int(np.argmin(ar))
+    res['exposed_ms'] = np.mean([m for m,_,_ in res['phases']['comm']]) # all of `comm`, mean of the ranks: the ms of its share
+    # the ranks of a host share its CPUs (the loaders' workers) and exchange through shared memory; hosts exchange over a network
+    lws = rs[0].get('local_ws') or 1
+    res.update(local_ws=lws, hosts=-(-len(rs)//lws), cpus=rs[0].get('cpus') or cpus()[0])
     res['comm_mbit'] = 8*rs[0]['comm']/(1e3*res['comm_ms']) if res['comm_ms']>0 and rs[0]['comm'] else None
     return res
 
 # %% ../nbs/05_timecost.ipynb #e6c6bace
-# `link`: Mbit/s under which the all-reduce's effective rate is a slow link (ethernet between machines, not shared memory,
-# NVLink or InfiniBand): there, sending fewer bytes comes first
+# `link`: Mbit/s under which the all-reduce's effective rate between hosts is a slow link (ethernet, not InfiniBand): there,
+# sending fewer bytes comes first. Ranks on one host exchange through shared memory (or NVLink): no link to call slow
 # `few_mib`: MiB per step under which an all-reduce's time is its fixed latency (a small MLP's), whatever the link
 limits = dict(data=.1, comm=.15, imbalance=.1, compute=.5, callbacks=.1, link=1000, few_mib=.1)
 
 def _comm_advice(st, lim):
     "What to do about exposed communication, with the numbers that call for it"
     s,l,r = min(st['share']['comm'], .99),lim['comm'],st.get('comm_mbit')
+    sb = np.mean(st.get('sync_ms') or [0.])
+    head = (f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}"
+            +(f"; {sb:.1f} ms of its {st['exposed_ms']:.1f} ms a step is DDP's broadcast of buffers before forward" if sb>=.05 else '')+")")
     # k micro-batches per synchronisation: the exposed share of k steps is s/(k(1-s)+s); the smallest k that meets the limit
     k = max(2, math.ceil(s*(1-l)/(l*(1-s))))
     acc = (f"synchronise every {k} steps (`Accumulate({k})`, `--accum {k}`; the batch per optimizer step grows {k}-fold), "
@@ -274,21 +285,30 @@ def _comm_advice(st, lim):
     cmp = (f"compress: comm_hook='fp16' halves the bytes (about {s/(2-s):.0%} of the step), "
            "'powersgd' sends a low-rank approximation of them")
     if st['comm_mib']<lim['few_mib']: # each all-reduce's fixed latency, not the bytes: compression would not help, nor would a link
-        return (f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}): {st['comm_mib']:.3f} MiB all-reduced "
+        return (f"{head}: {st['comm_mib']:.3f} MiB all-reduced "
                 f"per step in {st['comm_ms']:.1f} ms exposed, too few bytes for the link's rate to matter: the time is the all-reduce's "
                 f"fixed latency, paid at each synchronisation; {acc}; or a bigger batch per rank")
-    slow = r is not None and r<lim['link']
+    one = st.get('hosts', 1)==1
+    slow = not one and r is not None and r<lim['link']
     rate = f" in {st['comm_ms']:.1f} ms exposed, an effective {r:,.0f} Mbit/s" if r else ''
     rate += f", a slow link (below {lim['link']:,} Mbit/s)" if slow else ''
+    # one host: no network between the ranks; gloo copies and sums on the cores that also compute, NCCL uses the GPUs' interconnect
+    if r and one: rate += (" (one host: the ranks exchange through shared memory, not a network; "
+                           +("the GPUs' interconnect, NVLink or PCIe, sets the rate)" if st['cuda'] else
+                             "the CPU cores that compute also copy and sum the gradients, and set the rate)"))
     a,b = (cmp,acc) if slow else (acc,cmp)
-    return (f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}): "
-            f"{st['comm_mib']:.1f} MiB all-reduced per step{rate}; {a}; or {b}; or a bigger batch per rank, or tune bucket_cap_mb")
+    return (f"{head}: {st['comm_mib']:.1f} MiB all-reduced per step{rate}; {a}; or {b}; or a bigger batch per rank, or tune bucket_cap_mb")
 
-def _workers(w):
-    "The worker count in words: this rank's, the ranks sharing the machine's CPUs, and the share that keeps each process on a core"
-    n,nproc = cpus()[0],int(os.environ.get('LOCAL_WORLD_SIZE') or 1)
-    return (f"num_workers={w} per rank now, {nproc} rank{'s'*(nproc>1)} on {n} CPUs here; "
-            f"{rank_workers(n, nproc)} per rank keeps each process on its own core")
+def _workers(w, n, nproc):
+    "What the loader's workers can do: `w` per rank now, `nproc` ranks on `n` CPUs; `rank_workers` keeps each process on a core"
+    k,here = rank_workers(n, nproc),f"{nproc} rank{'s'*(nproc>1)} on {n} CPU{'s'*(n>1)} here"
+    if w<k: return (f"use more DataLoader workers (num_workers={w} per rank now, {here}; {k} per rank keeps each process on its own "
+                    "core) or lighter item transforms")
+    if w>k: return (f"fewer DataLoader workers may load faster (num_workers={w} per rank, {here}: {nproc}×(1+{w}) processes contend; "
+                    f"{k} per rank keeps each process on its own core), or lighter item transforms")
+    if k==0: return (f"no CPU to spare for DataLoader workers ({here}: each rank needs its own core, so num_workers=0): lighter item "
+                     "transforms, or more CPUs per rank (fewer ranks on this machine) to give each rank workers")
+    return (f"num_workers={w} per rank already uses the CPUs ({here}): lighter item transforms, or more CPUs per rank")
 
 def recommend(st, lim=None):
     "`(factor, advice)` for each factor whose number in `stats` output `st` passes its limit in `lim`"
@@ -296,8 +316,8 @@ def recommend(st, lim=None):
     dev = 'GPU' if st['cuda'] else 'CPU'
     if sh['data']>lim['data']:
         res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step "
-                            f"(limit {lim['data']:.0%}): use more DataLoader workers ({_workers(st['workers'])}) or lighter item "
-                            "transforms; on a GPU, augmentation on the device (batch transforms), and keep distrib_ctx's prefetch on "
+                            f"(limit {lim['data']:.0%}): {_workers(st['workers'], st.get('cpus') or cpus()[0], st.get('local_ws', 1))}; "
+                            "on a GPU, augmentation on the device (batch transforms), and keep distrib_ctx's prefetch on "
                             "(its default: pinned batches copied on a side stream ahead of their step; with prefetch=False fastai's "
                             "loaders copy with non_blocking=False, which waits even from pinned memory)"))
     if sh['comm']>lim['comm']: res.append(('comm', _comm_advice(st, lim)))
@@ -322,6 +342,15 @@ class Text(str):
     "A string that shows as itself in a notebook"
     def __repr__(self): return str(self)
 
+def _exposed(st):
+    "The exposed communication in ms (the share's: mean of the ranks), DDP's broadcast of buffers in it, and the all-reduce's rate"
+    if st['ws']<2: return ''
+    sb = np.mean(st['sync_ms'])
+    return (f": {st['exposed_ms']:.1f} ms a step (mean of the ranks)"
+            +(f", {sb:.1f} ms of it DDP's broadcast of buffers before forward" if sb>=.05 else '')
+            +(f"; the all-reduce's {st['comm_ms']:.1f} ms on rank {st['least']}, which waited least: "
+              f"{st['comm_mbit']:,.0f} Mbit/s effective" if st['comm_mbit'] else ''))
+
 @patch
 def report(self:TimeCost,
            baseline:float=None, # samples/s of one process (`self.baseline` when None)
@@ -340,14 +369,14 @@ def report(self:TimeCost,
         ls.append(f"{p:<12}"+''.join(f"{m:16.1f}{a:6.1f}{b:6.1f}" if p!='total' else f"{m:16.1f}{'':12}" for m,a,b in v))
     eff = (f"; scaling efficiency {st['eff']:.2f} against {st['eff'] and st['samples_per_s']/st['eff']/ws:.1f} samples/s in one process"
            if st['eff'] else '')
-    ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} (batch {st['bs']} per rank){eff}",
+    ls += [f"throughput: {st['samples_per_s']:.1f} samples/s over {ws} rank{'s'*(ws>1)} in the {st['n']} timed steps (batch {st['bs']} "
+           f"per rank){eff}",
            f"imbalance: {st['imbalance']:.0%} (busy ms per step, median: {', '.join(f'{o:.1f}' for o in st['busy_ms'])}; slowest rank "
            f"{st['straggler']})",
            # FSDP2 all-gathers each unit's weights in its forward and backward and reduce-scatters in backward: no all-reduce to time
            "communication: sharded (FSDP2): its all-gathers and reduce-scatters run inside forward and backward, not timed apart"
            if self.ranks[0].get('sharded') else
-           f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"
-           +(f" ({st['comm_ms']:.1f} ms: {st['comm_mbit']:,.0f} Mbit/s effective)" if st['comm_mbit'] else '')]
+           f"communication: {st['comm_mib']:.2f} MiB all-reduced per step, {st['share']['comm']:.0%} of the step exposed"+_exposed(st)]
     mem = [r['mem'] for r in self.ranks]
     ls.append("memory per rank (MiB, live tensors): "
               +'; '.join(f"rank {i}: parameters {m['params']:.1f}, gradients {m['grads']:.1f}, optimizer {m['opt']:.1f}"
@@ -356,7 +385,8 @@ def report(self:TimeCost,
     if tu: ls.append(f"DDP tuning: {tune_summary(tu)}")
     tp = getattr(self.learn, 'throughput', None) # a `fastddp.throughput.Throughput` callback: FLOPs and MFU
     if callable(getattr(tp, 'report', None)) and getattr(tp, 'stats', None):
-        ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1))
+        # its samples/s count every training step of the last epoch, the first ones too: not the timed steps' figure above
+        ls.append(tp.report().replace('Throughput: ', 'model FLOPs: ', 1)+" (the last epoch's training, every step)")
     fl = getattr(self, 'forecast_lines', None) # `fastddp.forecast`: the speed-up at the `targets`
     if self.targets and callable(fl): ls += fl(self.targets)
     rs = recommend(st, lim)

@@ -90,6 +90,13 @@ def test_time_cost_3_ranks(tmp_path):
         # 30 ms late: well above a loaded machine's noise (a few ms) whichever phase it lands in
         assert ph('late','forward',i)<ph('plain','forward',i)+15 and ph('late','comm',i)>ph('plain','comm',i)+15, (i, st['phases'])
     assert st['sync_ms'][0]>20 and st['sync_ms'][2]<10 and st['straggler']==2, st['sync_ms']
+    # the report's exposed share and its ms are one figure (the table's `comm`, mean of the ranks), the broadcast named inside it
+    assert abs(st['exposed_ms']-st['share']['comm']*sum(st['step_ms'])/3)<1e-6, (st['exposed_ms'], st['share'], st['step_ms'])
+    assert f"of the step exposed: {st['exposed_ms']:.1f} ms a step (mean of the ranks), " in rs[0]['late']['rep']
+    assert "ms of it DDP's broadcast of buffers before forward" in rs[0]['late']['rep'], rs[0]['late']['rep']
+    # three ranks on one host: shared memory, no link to call slow
+    for k in ('plain','known','lag','slow','late'):
+        assert rs[0][k]['st']['hosts']==1 and 'slow link' not in rs[0][k]['rep'], (k, rs[0][k]['rep'])
     # a slow loader: the data wait leads the recommendations
     st = rs[0]['slow']['st']
     assert st['share']['data']>0.3 and '- data: waiting for data' in rs[0]['slow']['rep']
