@@ -6,10 +6,11 @@ Docs: https://fastddp.github.io/fastddp/launch.html.md"""
 
 # %% auto #0
 __all__ = ['PREEMPTED', 'LaunchError', 'parse_gpus', 'plan_procs', 'bind_error', 'port_free', 'free_port', 'peer_lost',
-           'fail_msg', 'launch_config', 'wait_master', 'Forward', 'launch', 'unreadable', 'main']
+           'fail_msg', 'restart_msg', 'Restarts', 'launch_config', 'wait_master', 'Forward', 'launch', 'unreadable',
+           'main']
 
 # %% ../nbs/01_launch.ipynb #14b49b4b
-import os, sys, errno, json, traceback, socket, argparse, shlex, shutil, signal, subprocess, tempfile, uuid, time, threading
+import os, sys, errno, json, logging, traceback, socket, argparse, shlex, shutil, signal, subprocess, tempfile, uuid, time, threading
 from pathlib import Path
 from .core import *
 
@@ -127,6 +128,28 @@ def fail_msg(e, nnodes:int=1): # the number of nodes in the job
                    "there (its launcher's output, or the machine itself)")
     return res
 
+# %% ../nbs/01_launch.ipynb #a7c3e1d1
+def restart_msg(res, # torch's `RunResult` of the attempt that failed
+                left:int, # restarts left before this one
+                n:int, # `--max-restarts`
+                nnodes:int=1): # the number of nodes in the job
+    "The line saying which rank failed and that every rank is restarted"
+    why = fail_msg(res, nnodes)[0] if getattr(res, 'failures', None) else "a rank failed" # an UNHEALTHY group records no failure
+    return f"{why}; restarting every rank (restart {n-left+1} of {n})"
+
+class Restarts(logging.Filter):
+    "Filter for torch's agent logger: drops its lines, and prints `restart_msg` when the agent restarts the ranks"
+    def __init__(self, nnodes:int=1): super().__init__(); self.nnodes = nnodes
+    def filter(self, rec):
+        m = re.search(r'(\d+)/(\d+) attempts left; will restart', rec.getMessage())
+        if m: # logged by the agent's `_invoke_run`, whose local `run_result` holds the failures (torch 2.9 to 2.14)
+            f = sys._getframe()
+            while f is not None and f.f_code.co_name!='_invoke_run': f = f.f_back
+            res = f.f_locals.get('run_result') if f is not None else None
+            print(f"fastddp-launch: {restart_msg(res, int(m[1]), int(m[2]), self.nnodes)}", file=sys.stderr, flush=True)
+        return False
+
+
 # %% ../nbs/01_launch.ipynb #8d72647e
 def _parser():
     p = argparse.ArgumentParser(prog='fastddp-launch', description="Start a training script on every GPU, or on CPU processes with gloo.")
@@ -138,13 +161,14 @@ def _parser():
     p.add_argument('--master-addr', default='127.0.0.1', help="address of the machine with node rank 0")
     p.add_argument('--master-port', type=int, default=None, help="port on that machine (default: a free one, single node only)")
     p.add_argument('--iface', default=None, help="network interface to the other nodes (default: the one that reaches --master-addr)")
-    p.add_argument('--log-dir', default=None, help="folder for the ranks' log files, kept (default: a temporary one, removed at the end)")
+    p.add_argument('--log-dir', default=None, metavar='DIR', help="keep every rank's output in "
+                   "DIR/<run>/attempt_<k>/<rank>/{stdout,stderr}.log (rank 0's console lines then come prefixed [rank0]:)")
     p.add_argument('script', help="the training script")
     p.add_argument('args', nargs=argparse.REMAINDER, help="arguments for the script")
     return p
 
 # %% ../nbs/01_launch.ipynb #69093179
-def launch_config(a):
+def launch_config(a, tmp:str=None): # the launcher's temporary folder for the log files, when `a.log_dir` is None
     "torch's `LaunchConfig` for the parsed arguments `a`, after checking them; also returns a line to print"
     from torch.distributed.launcher.api import LaunchConfig
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -173,8 +197,11 @@ def launch_config(a):
     # nodes wait for each other as long as ranks do
     else: backend,endpoint,cfg,rid = ('static',f'{a.master_addr}:{a.master_port}',
                                       {'rank':a.node_rank, 'timeout':int(distrib_timeout().total_seconds())},'fastddp')
-    tee = Std.from_str(','.join(f'{i}:3' for i in range(1,n))) if n>1 else Std.NONE
-    logs = DefaultLogsSpecs(log_dir=a.log_dir, tee=tee)
+    # rank 0 prints to the console itself, so its progress bar redraws in place; with --log-dir it is teed like the others, so its
+    # file is kept too: torch's tail then prefixes its lines and reads each `\r` as a line end (the bar: a line per redraw)
+    rs = range(0 if a.log_dir else 1, n)
+    tee = Std.from_str(','.join(f'{i}:3' for i in rs)) if rs else Std.NONE
+    logs = DefaultLogsSpecs(log_dir=a.log_dir or tmp, tee=tee)
     # SIGTERM and SIGUSR1 are `Forward`'s; torch < 2.10 has no `signals_to_handle`: its agent takes SIGTERM (see Signals below)
     sigs = dict(signals_to_handle='SIGINT,SIGHUP,SIGQUIT') if 'signals_to_handle' in LaunchConfig.__dataclass_fields__ else {}
     return LaunchConfig(min_nodes=a.nnodes, max_nodes=a.nnodes, nproc_per_node=n, run_id=rid,
@@ -249,14 +276,14 @@ def launch(argv=None):
     if a.log_dir is not None: return _launch(a)
     # torch's agent would make a folder in /tmp for the ranks' log files at every run and leave it there (torchrun does): one of
     # fastddp's instead, removed when the run ends (the console showed what the files hold; the failures are read before)
-    a.log_dir = tempfile.mkdtemp(prefix='fastddp-launch-')
-    try: return _launch(a)
-    finally: shutil.rmtree(a.log_dir, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix='fastddp-launch-')
+    try: return _launch(a, tmp)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
 
-def _launch(a):
-    "`launch` for the parsed arguments `a`"
+def _launch(a, tmp=None):
+    "`launch` for the parsed arguments `a`, with the log files in `a.log_dir` or else `tmp`"
     _import_torch()
-    try: cfg,msg = launch_config(a)
+    try: cfg,msg = launch_config(a, tmp)
     except LaunchError as e:
         print(f"fastddp-launch: {e}", file=sys.stderr)
         return 2
@@ -274,11 +301,13 @@ def _launch(a):
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    import logging
     # the agent's log lines repeat what the summary below says, and hide the script's output
     logging.getLogger('torch.distributed.elastic').setLevel(logging.CRITICAL)
     for k in list(logging.root.manager.loggerDict): # torch's modules set their own level
         if k.startswith('torch.distributed.elastic'): logging.getLogger(k).setLevel(logging.CRITICAL)
+    # but its restart line is the only sign of a restart: `Restarts` prints ours in its place
+    ag,rs = logging.getLogger('torch.distributed.elastic.agent.server.api'),Restarts(a.nnodes)
+    ag.setLevel(logging.INFO); ag.addFilter(rs)
     fwd = Forward(getattr(cfg, 'shutdown_timeout', 30)).install() # torch < 2.10: the agent's fixed 30 s
     os.environ['FASTDDP_LAUNCHER_PID'] = str(os.getpid()) # the workers end with this process (`fastddp.worker.die_with_parent`)
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
@@ -310,7 +339,7 @@ def _launch(a):
                   f"(fastddp-doctor --peer {a.master_addr}:{a.master_port})",
                   file=sys.stderr, flush=True)
         return 1
-    finally: fwd.restore()
+    finally: fwd.restore(); ag.removeFilter(rs)
     return 0
 
 # %% ../nbs/01_launch.ipynb #0d94827e

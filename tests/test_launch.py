@@ -122,10 +122,22 @@ def test_bad_input(argv, msg, tmp_path, capsys):
 
 @pytest.mark.smoke
 def test_max_restarts(marker):
-    "`--max-restarts 1` restarts every worker once after a failure, and the run then finishes"
+    "`--max-restarts 1` restarts every worker once after a failure, saying which rank failed, and the run then finishes"
     rs = run_ranks(LOOP, n=2, args=[marker, 'restart', 20], largs=['--max-restarts', '1'])
     assert rs.rc==0 and all(o['done'] for o in rs)
     assert [o['restart'] for o in rs]==['1','1']
+    ls = [l for l in rs.out.splitlines() if 'restarting every rank' in l]
+    assert len(ls)==1 and re.fullmatch(r"fastddp-launch: rank 1 \(pid \d+\) failed: exit code 4; restarting every rank \(restart 1 of 1\)",
+                                       ls[0]), rs.out[-2000:]
+
+def test_log_dir(marker, tmp_path):
+    "`--log-dir DIR` keeps every rank's output, rank 0's too, in DIR/<run>/attempt_0/<rank>/stdout.log; the console still shows it"
+    rs = run_ranks(LOOP, n=2, args=[marker, 'run', 10], largs=['--log-dir', str(tmp_path/'logs')])
+    assert all(o['done'] for o in rs)
+    for r in (0,1):
+        fs = list((tmp_path/'logs').glob(f'*/attempt_0/{r}/stdout.log'))
+        assert len(fs)==1 and f"hello from rank {r}" in fs[0].read_text().splitlines(), (r, fs)
+    assert "[rank0]:hello from rank 0" in rs.out.splitlines(), rs.out[-2000:]
 
 @pytest.mark.smoke
 def test_help_and_entry_points():
