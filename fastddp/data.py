@@ -196,6 +196,7 @@ def make_adult(path, # folder in which `adult_sample` is made
     return _build(Path(path)/'adult_sample', lambda p: _adult_df(n, seed).to_csv(p/'adult.csv', index=False), kind='adult', n=n, seed=seed)
 
 # %% ../nbs/04_data.ipynb #955765c8
+_COLS = dict(imdb_sample=['label','text','is_valid'], adult=ADULT_COLS) # the csv layouts' columns, in order
 _LAYOUTS = dict(pets=('oxford-iiit-pet', 'images/*.jpg', 'the Oxford-IIIT Pet layout (oxford-iiit-pet/images/<Breed>_<n>.jpg)'),
                 imdb_sample=('imdb_sample', 'texts.csv', 'the IMDB sample layout (imdb_sample/texts.csv with columns label,text,is_valid)'),
                 imdb=('imdb', '{train,test}/{pos,neg}/*.txt', 'the IMDB layout (imdb/{train,test}/{pos,neg}/<id>_<rating>.txt)'),
@@ -208,8 +209,8 @@ def _header(fn):
 def _layout_ok(path, kind):
     if kind=='pets': return any(re.match(PETS_RE, o.name) for o in (path/'images').glob('*.jpg'))
     if kind=='imdb': return all(any((path/s/l).glob('*.txt')) for s in ('train','test') for l in ('pos','neg'))
-    fn,cols = (path/'texts.csv', 'label,text,is_valid') if kind=='imdb_sample' else (path/'adult.csv', ','.join(ADULT_COLS))
-    return fn.is_file() and _header(fn)==cols
+    fn = path/_LAYOUTS[kind][1]
+    return fn.is_file() and _header(fn)==','.join(_COLS[kind])
 
 def check_layout(path, # the dataset's folder: `oxford-iiit-pet`, `imdb_sample`, `imdb` or `adult_sample`
                  kind:str): # 'pets', 'imdb_sample', 'imdb' or 'adult'
@@ -220,7 +221,7 @@ def check_layout(path, # the dataset's folder: `oxford-iiit-pet`, `imdb_sample`,
     name,pat,desc = _LAYOUTS[kind]
     hint = f"; {path/name} exists: pass that folder" if (path/name).is_dir() else ""
     if kind in ('adult', 'imdb_sample') and (path/pat).is_file(): # the file is there: what its header lacks
-        want,have = desc.split('with columns ')[1].rstrip(')').split(','),_header(path/pat).split(',')
-        lack = [c for c in want if c not in have]
+        have = _header(path/pat).split(',')
+        lack = [c for c in _COLS[kind] if c not in have]
         hint = f"; it lacks {', '.join(lack)}" if lack else f"; it has {','.join(have)}"
     raise FileNotFoundError(f"expected {path}/{pat}: {desc}{hint}")
