@@ -8,7 +8,7 @@ Docs: https://fastddp.github.io/fastddp/preempt.html.md"""
 __all__ = ['Preempted', 'Preempt']
 
 # %% ../nbs/02p_preempt.ipynb #5ce99dbd
-import os, sys, time, signal, subprocess, threading, torch, numpy as np
+import os, sys, time, signal, subprocess, threading, atexit, weakref, multiprocessing, torch, numpy as np
 import torch.distributed as dist
 from fastai.basics import *
 from .core import *
@@ -30,11 +30,38 @@ class Preempted(SystemExit):
 
 # %% ../nbs/02p_preempt.ipynb #bb028e67
 class _Quiet:
-    "A DataLoader `wif` that first makes its worker process ignore `sigs`, then runs the loader's own `f`"
-    def __init__(self, f, sigs): self.f,self.sigs = f,sigs
+    "A DataLoader `wif` that first makes its worker process ignore `sigs` until `free` is set, then runs the loader's own `f`"
+    def __init__(self, f, sigs, free=None): self.f,self.sigs,self.free = f,sigs,free
     def __call__(self):
-        for s in self.sigs: signal.signal(s, signal.SIG_IGN)
+        for s in self.sigs: signal.signal(s, self._handler)
         return self.f()
+
+    def _handler(self, s, frame):
+        # once the fit is over (or failed) Python's exit, or torch's shutdown of the loader, sends SIGTERM and waits for the worker:
+        # it ends as torch's own shutdown ends it (dying of the signal makes the rank's SIGCHLD handler raise "DataLoader worker
+        # (pid …) is killed by signal" as Python exits)
+        if self.free is not None and self.free.is_set(): os._exit(0)
+
+    def __getstate__(self):
+        "A new worker gets `free` (`spawn`); `learn.export` pickles the loaders without it: an `Event` is shared only so"
+        spawning = multiprocessing.context.get_spawning_popen() is not None
+        return {**self.__dict__, 'free': self.free if spawning else None}
+
+
+# %% ../nbs/02p_preempt.ipynb #31c7a5bd
+_live = weakref.WeakSet() # the `Preempt`s whose handlers are in place
+
+def _running(learn, frame):
+    "Whether a method of `learn` (its `fit`) is on the stack of `frame`"
+    while frame is not None:
+        if frame.f_locals.get('self') is learn: return True
+        frame = frame.f_back
+    return False
+
+@atexit.register # before multiprocessing's own exit hook (registered earlier), which sends the workers SIGTERM and joins them
+def _restore_all():
+    for o in list(_live): o.restore()
+
 
 # %% ../nbs/02p_preempt.ipynb #5cb149ad
 class Preempt(Callback):
@@ -54,6 +81,7 @@ class Preempt(Callback):
         # the first check: after `check` steps, or one
         self.gap,self.next,self.t_chk,self.step_s = self.check or 1,self.check or 1,None,None
         # `distrib_ctx` adds a plain one to every distributed fit; a `Checkpoint` there does the job instead
+        if self.old: self.restore() # the last fit raised, and nothing restored what it changed
         self.active = bool(self.signals) and (self.saves or not any(isinstance(o, Preempt) and o.saves for o in self.learn.cbs))
         if not self.active: return
         if threading.current_thread() is not threading.main_thread():
@@ -62,11 +90,16 @@ class Preempt(Callback):
                              "SIGTERM/SIGUSR1 are not handled")
         self.group = flag_group()
         self.old = {s: signal.signal(s, self._handler) for s in self.signals}
+        _live.add(self) # the exit restores what a fit that raised left in place
         self.wifs = [(dl, dl.__dict__.get('wif')) for dl in self.dls.loaders if hasattr(dl, 'wif')]
-        for dl,_ in self.wifs: dl.wif = _Quiet(dl.wif, self.signals)
+        self.free = multiprocessing.Event() # set once the fit is over: the workers then end on the signals again
+        for dl,_ in self.wifs: dl.wif = _Quiet(dl.wif, self.signals, self.free)
 
     def _handler(self, s, frame):
         "Only note the signal (a second one too, say SLURM's SIGTERM after its warning): the work waits for a step boundary"
+        if not _running(self.learn, frame): # the fit raised, and nothing restored the handlers: the signal's own effect now
+            self.restore()
+            return signal.raise_signal(s)
         self.n_sig += 1
         # a rank stuck before the step every rank must reach is named before the launcher's SIGKILL (slow steps get 3 steps)
         hurry(max(self.stuck, 3*(self.step_s or 0)))
@@ -74,8 +107,10 @@ class Preempt(Callback):
         if s not in self.got: self.got.append(signal.Signals(s))
 
     def restore(self):
-        "Put back the signal handlers and the loaders' `wif` as they were before the fit"
+        "Put back the signal handlers and the loaders' `wif` as they were before the fit; the workers end on the signals again"
         for s,h in self.old.items(): signal.signal(s, h)
+        if getattr(self, 'free', None) is not None: self.free.set()
+        _live.discard(self)
         hurry(None)
         for dl,w in self.wifs:
             if w is None: dl.__dict__.pop('wif', None)
@@ -86,7 +121,7 @@ class Preempt(Callback):
 @patch
 def __getstate__(self:Preempt):
     "Pickle (`learn.export`) without the process group and the pending all-reduce, which cannot be pickled"
-    return {k:v for k,v in self.__dict__.items() if k not in ('group','work','buf','flags')}
+    return {k:v for k,v in self.__dict__.items() if k not in ('group','work','buf','flags','free')}
 
 # %% ../nbs/02p_preempt.ipynb #f3e5200b
 @patch

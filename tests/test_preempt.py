@@ -184,3 +184,40 @@ def test_stuck_after_signal(marker):
     assert rs.rc!=0 and named, rs.out[-3000:]
     assert "time.sleep(120)" in rs.out, rs.out[-3000:] # where it was stuck
     assert not wait_gone(marker, 10)
+
+# argv: folder, then 'ranks' (in `distrib_ctx`) or 'term' (one process: catch the failure, then SIGTERM to itself), and a marker
+BAD = '''
+import sys, os, signal
+from fastai.basics import *
+from fastddp.distrib import *; from fastddp.checkpoint import Checkpoint; from fastddp.testing import report
+class DS:
+    def __len__(self): return 256
+    def __getitem__(self, i):
+        if i==100: raise ValueError(f"bad item {i}")
+        return torch.randn(4), torch.tensor([float(i%2)])
+dls = DataLoaders.from_dsets(DS(), DS(), bs=16, num_workers=2, shuffle=False, device='cpu')
+learn = Learner(dls, nn.Linear(4,1), loss_func=MSELossFlat(), path=Path(sys.argv[1]), cbs=Checkpoint())
+if 'ranks' in sys.argv:
+    with learn.distrib_ctx(): learn.fit(1)
+elif 'term' in sys.argv:
+    try: learn.fit(1)
+    except ValueError: os.kill(os.getpid(), signal.SIGTERM)
+    report(survived=True)
+else: learn.fit(1)
+'''
+
+@pytest.mark.parametrize('how', ['one', 'term', 'ranks'])
+def test_failed_fit(tmp_path, how, marker):
+    ("A DataLoader worker that raises, with `Checkpoint` (whose workers ignore SIGTERM during the fit): the process ends at once "
+     "with the error (it waited forever in one process, and ~190 s for the watchdog on 2 ranks), and after a failed fit that the "
+     "script caught, SIGTERM has its default effect")
+    flags = {'one': [], 'term': ['term'], 'ranks': ['ranks']}[how]
+    t = time.time()
+    rs = run_ranks(BAD, n=2 if how=='ranks' else 1, launcher='fastddp' if how=='ranks' else 'python', args=[tmp_path, *flags, marker],
+                   check=False, timeout=90)
+    took = time.time()-t
+    if how=='one': assert rs.rc==1 and "ValueError: bad item 100" in rs.out, rs.out[-3000:]
+    if how=='term': assert rs.rc==-signal.SIGTERM and rs[0] is None, rs.out[-3000:]
+    if how=='ranks': assert rs.rc==1 and "failed: exit code 1: ValueError: Caught ValueError" in rs.out, rs.out[-3000:]
+    assert "killed by signal" not in rs.out and "Exception ignored" not in rs.out, rs.out[-3000:]
+    assert not wait_gone(marker, 10), f"left running after {took:.0f} s"
