@@ -358,6 +358,8 @@ def _save(self:Checkpoint, epoch, it):
         self.write({**st, 'model': get_model(self.learn.model).state_dict(), 'opt': self.opt.state_dict()}, self.dir/f'{name}.pth')
     if is_rank0():
         for o in checkpoints(self.dir)[self.keep:]: _remove(o) # only once the new one is complete
+        # what a write killed half-way left (a `.tmp` as large as a checkpoint): the folder holds no other writer
+        for o in self.dir.glob('ckpt_*.tmp'): _remove(o)
     distrib_barrier() # nobody moves on, or reads it, before it is written
     self.last = (epoch, it, self.dir/(name+('.dcp' if is_sharded(self.learn.model) else '.pth')))
     return self.last[2]

@@ -48,7 +48,7 @@ class _Quiet:
         return {**self.__dict__, 'free': self.free if spawning else None}
 
 
-# %% ../nbs/02p_preempt.ipynb #31c7a5bd
+# %% ../nbs/02p_preempt.ipynb #bae375fe
 _live = weakref.WeakSet() # the `Preempt`s whose handlers are in place
 
 def _running(learn, frame):
