@@ -73,7 +73,8 @@ out = {}
 ss = list(sources())
 for name,src,vsrc,kw in ss:
     if name=='wdsref': continue
-    for nw in ((0,2) if name=='shards' else (2,)): # workers 0 and 2 on fastddp's own split, 2 on the others
+    # workers 0 and 2 on fastddp's own split, 2 on the others; and 4 on WebDataset's split (3 ranks: 2 shards on rank 1 feed 2 of them)
+    for nw in ((0,2) if name=='shards' else (2,4) if name=='wds' and not full else (2,)):
         # the single-process reference: the same weights, the whole validation stream in one process
         l = learner(ss[3][1] if name=='wds' else src, 0, kw, vsrc)
         one = dict(val=list(l.validate()), preds=l.get_preds()[0].tolist())
@@ -151,7 +152,8 @@ def test_stream_2_ranks(tmp_path):
     assert 0<rs[0]['tc']['data']<1
 
 def test_stream_3_ranks(tmp_path):
-    "3 ranks, 2 workers each: 6 parts over 7 uneven shards"
+    "3 ranks, 2 workers each: 6 parts over 7 uneven shards; WebDataset with 4 workers a rank, which its shards cannot feed"
     rs = run_ranks(STREAM, n=3, args=[tmp_path/'data', 'short'], env={'OMP_NUM_THREADS': '1', 'HF_DATASETS_OFFLINE': '1',
                                                                       'HF_HUB_OFFLINE': '1'}, timeout=600)
     _check(rs, 3, False)
+    assert 'wds4' in rs[0] and "WebDataset: 7 shard(s) on 3 rank(s) leave a rank 2 shard(s) for num_workers=4" in rs.out, rs.out[-3000:]
