@@ -62,6 +62,12 @@ def _running(learn, frame):
 def _restore_all():
     for o in list(_live): o.restore()
 
+_exiting = False # Python is exiting: threading's exit hooks run first, before it waits for threads and runs `atexit`'s
+def _exit_hook():
+    global _exiting
+    _exiting = True
+getattr(threading, '_register_atexit', atexit.register)(_exit_hook)
+
 
 # %% ../nbs/02p_preempt.ipynb #5cb149ad
 class Preempt(Callback):
@@ -70,6 +76,7 @@ class Preempt(Callback):
     # `check=None`: a check about every 0.5 s of training (a check costs 1-3 ms on 2 busy cores), at most 512 steps apart
     budget,most = 0.5,512
     stuck = 20 # seconds: once a signal came, the watchdog names a rank without progress this long (launchers give 30 s)
+    late = 30 # seconds after a stop during which a stop signal is ignored, as during the exit
     def __init__(self, signals=('SIGTERM', 'SIGUSR1'), # the signals that stop the fit (names or numbers)
                  check:int=None): # training steps between two checks of the stop flag; None: the steps that take `budget` s
         self.signals = [signal.Signals(getattr(signal, o) if isinstance(o, str) else o) for o in listify(signals)]
@@ -106,16 +113,26 @@ class Preempt(Callback):
         if not self.got: self.t_sig,self.it_sig = time.time(),getattr(self.learn, 'train_iter', 0)
         if s not in self.got: self.got.append(signal.Signals(s))
 
-    def restore(self):
-        "Put back the signal handlers and the loaders' `wif` as they were before the fit; the workers end on the signals again"
-        for s,h in self.old.items(): signal.signal(s, h)
-        if getattr(self, 'free', None) is not None: self.free.set()
-        _live.discard(self)
+    def restore(self, full:bool=False):
+        "Put back the loaders' `wif` and the signal handlers as they were before the fit (after a stop, unless `full`: `_late`)"
+        if getattr(self, 'stop', None) is not None and not full:
+            for s in self.old: signal.signal(s, self._late) # the process exits with the stop's code: keep `old` for later
+        else:
+            for s,h in self.old.items(): signal.signal(s, h)
+            self.old = {}
+            _live.discard(self)
+        if getattr(self, 'free', None) is not None: self.free.set() # the workers end on the signals again
         hurry(None)
         for dl,w in self.wifs:
             if w is None: dl.__dict__.pop('wif', None)
             else: dl.wif = w
-        self.old,self.wifs = {},[]
+        self.wifs = []
+
+    def _late(self, s, frame):
+        "A stop signal after the stop (SLURM's SIGTERM once the job is requeued, say): the same request, while the process exits"
+        if _exiting or time.monotonic()-self.t_stop<self.late: return
+        self.restore(full=True) # a script (a notebook) that caught `Preempted` and went on: the signal's own effect
+        signal.raise_signal(s)
 
 # %% ../nbs/02p_preempt.ipynb #5228c294
 @patch
@@ -175,6 +192,7 @@ def _halt(self:Preempt, s, epoch, it):
     t1 = time.time()
     ts = torch.tensor([self.t_sig, self.it_sig] if self.got else [float('inf')]*2, dtype=torch.float64) # the earliest signal on any rank
     if self.group is not None: dist.all_reduce(ts, op=dist.ReduceOp.MIN, group=self.group)
+    self.t_stop = time.monotonic()
     self.stop = dict(sig='+'.join(o.name for o in s), epoch=epoch, it=it, ckpt=ck, write=t1-t0, secs=t1-float(ts[0]),
                      steps=self.train_iter-int(ts[1]))
 

@@ -109,7 +109,7 @@ def check_source(ds, ws:int):
         warn_once("WebDataset(resampled=True) draws shards with replacement on every rank and worker: an epoch is `n` items drawn, not one "
                   "pass over the data (items repeat, some are not read)")
 
-# %% ../nbs/02s_stream.ipynb #37f1c632
+# %% ../nbs/02s_stream.ipynb #ee5d1af1
 def shard_workers(ds, ws:int, # ranks
                   nw:int): # DataLoader workers asked for on each rank
     "The DataLoader workers that `ds`'s shards can feed on each of `ws` ranks, at most `nw`; raise when a rank gets no shard"

@@ -58,7 +58,7 @@ try:
 except Preempted as e:
     report(stop=dict(code=e.code, sig=e.sig, epoch=e.epoch, it=e.it, ckpt=e.ckpt and Path(e.ckpt).name, secs=e.secs, write=e.write,
                      steps=e.steps),
-           handlers=[signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)])
+           handlers=[getattr(signal.getsignal(s), '__name__', None) for s in (signal.SIGTERM, signal.SIGUSR1)])
     raise
 report(w=[p.detach().clone() for p in learn.model.parameters()],
        ckpts=[f.name for f in checkpoints(path/'checkpoints')] if (path/'checkpoints').exists() else [],
@@ -100,7 +100,7 @@ def test_launcher_term(tmp_path, ref, marker):
     assert (f"fastddp: SIGTERM: every rank stopped at epoch 1, step {st['it']}; checkpoint" in rs.out
             and "exit code 75: the same command resumes" in rs.out), rs.out[-3000:]
     assert "every rank wrote the checkpoint and stopped: exit code 75" in rs.out and 'Traceback' not in rs.out, rs.out[-3000:]
-    assert rs[0]['handlers']==[signal.SIG_DFL]*2 # restored (the launcher's worker runner leaves Python's defaults)
+    assert rs[0]['handlers']==['_late']*2 # a stop signal is the same request again while the process exits
     assert not wait_gone(marker, 10); _gone(rs)
     again = run_ranks(PRE, n=2, args=args)
     assert f"resuming from {tmp_path/'checkpoints'/st['ckpt']}" in again.out, again.out[-3000:]
@@ -221,3 +221,25 @@ def test_failed_fit(tmp_path, how, marker):
     if how=='ranks': assert rs.rc==1 and "failed: exit code 1: ValueError: Caught ValueError" in rs.out, rs.out[-3000:]
     assert "killed by signal" not in rs.out and "Exception ignored" not in rs.out, rs.out[-3000:]
     assert not wait_gone(marker, 10), f"left running after {took:.0f} s"
+
+LATE = '''
+import sys, os, signal, time
+from fastai.basics import *
+from fastai.test_utils import synth_learner
+from fastddp.checkpoint import Checkpoint; from fastddp.preempt import Preempted
+class Sig(Callback):
+    def after_batch(self):
+        if self.training and self.epoch==1 and self.iter==2: os.kill(os.getpid(), signal.SIGTERM)
+learn = synth_learner(n_trn=10, path=sys.argv[1], cbs=[Checkpoint(), Sig()])
+learn.dls.train.num_workers = 2 # workers make the exit slower: a signal during it found the default handler
+try: learn.fit(2)
+except Preempted:
+    os.kill(os.getpid(), signal.SIGTERM) # SLURM's, once rank 0 has requeued the job
+    time.sleep(0.3)
+    raise
+'''
+
+def test_signal_after_stop(tmp_path):
+    "One process: a second SIGTERM after the stop, while the process exits, leaves the announced exit code 75 (it was -15)"
+    rs = run_ranks(LATE, n=1, launcher='python', args=[tmp_path], check=False, timeout=120)
+    assert rs.rc==PREEMPTED and "exit code 75: the same command resumes" in rs.out, rs.out[-3000:]
