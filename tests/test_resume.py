@@ -82,6 +82,7 @@ def _stopped(rs, code, ck, where, ext='pth'):
 def _resumed(rs):
     assert "fastddp: resuming from" in rs.out, rs.out[-3000:]
     assert not re.search(r"(^|\s)0\s+00:00", rs.out), rs.out[-3000:] # no empty row for an epoch done before the restart
+    assert "the items this run trains on differ" not in rs.out, rs.out[-3000:] # the scripts' seeded splits: the same items
 
 def test_tabular(tmp_path, marker):
     ("tabular_ddp.py (fastai's tabular loader draws each epoch's order from np.random): SIGTERM to fastddp-launch mid-epoch; the same "
