@@ -50,7 +50,7 @@ def set_rng_state(learn, st):
         torch.cuda.set_rng_state(c) # the current device, applied lazily if CUDA is not initialised yet
     if st.get('dl') is not None: _train_dl(learn).rng.setstate(st['dl'])
 
-# %% ../nbs/03a_checkpoint.ipynb #16d68008
+# %% ../nbs/03a_checkpoint.ipynb #435973ad
 def data_sig(dl, most:int=100_000): # items read, at most
     "A digest of the items `dl` trains on (names, or a DataFrame's index), in order; None when they have none"
     it = getattr(getattr(dl, 'dl', dl).dataset, 'items', None) # inside `DistributedDL` when wrapped

@@ -163,9 +163,16 @@ def _parser():
     p.add_argument('--iface', default=None, help="network interface to the other nodes (default: the one that reaches --master-addr)")
     p.add_argument('--log-dir', default=None, metavar='DIR', help="keep every rank's output in "
                    "DIR/<run>/attempt_<k>/<rank>/{stdout,stderr}.log (rank 0's console lines then come prefixed [rank0]:)")
-    p.add_argument('script', help="the training script")
+    p.add_argument('script', nargs='?', help="the training script") # optional here, so that its absence gets a line of its own
     p.add_argument('args', nargs=argparse.REMAINDER, help="arguments for the script")
     return p
+
+def _parse(argv=None):
+    "The launcher's parsed arguments; argparse's exit (code 2) with one line when no script is given"
+    p = _parser()
+    a = p.parse_args(argv)
+    if a.script is None: p.error("no script given: fastddp-launch [options] script.py [its arguments]")
+    return a
 
 # %% ../nbs/01_launch.ipynb #69093179
 def launch_config(a, tmp:str=None): # the launcher's temporary folder for the log files, when `a.log_dir` is None
@@ -272,7 +279,7 @@ def _kill(p, s, group=False):
 # %% ../nbs/01_launch.ipynb #9c1d4896
 def launch(argv=None):
     "Parse `argv`, start the workers and wait for them; return the exit code"
-    a = _parser().parse_args(argv)
+    a = _parse(argv)
     if a.log_dir is not None: return _launch(a)
     # torch's agent would make a folder in /tmp for the ranks' log files at every run and leave it there (torchrun does): one of
     # fastddp's instead, removed when the run ends (the console showed what the files hold; the failures are read before)
