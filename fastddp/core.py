@@ -325,7 +325,8 @@ def flag_group():
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size()>1): return None
     k = id(dist.group.WORLD)
-    if k not in _flag_groups: _flag_groups[k] = dist.new_group(backend='gloo')
+    # a peer that never comes fails the wait after `FASTDDP_TIMEOUT`, as the training's collectives do (torch's default: 30 min)
+    if k not in _flag_groups: _flag_groups[k] = dist.new_group(backend='gloo', timeout=distrib_timeout())
     return _flag_groups[k]
 
 

@@ -76,14 +76,22 @@ def free_port(addr:str='127.0.0.1'):
     with socket.socket() as s: s.bind((addr, 0)); return s.getsockname()[1]
 
 # %% ../nbs/01_launch.ipynb #a4cc8191
+import re
+_in_worker = re.compile(r"Caught \w+ in (DataLoader worker process \d+)")
+
 def _why(f):
     "Exit code or signal of a `ProcessFailure`, and the first line of its exception when the worker recorded one"
     why = f"killed by {f.signal_name()}" if f.exitcode<0 else f"exit code {f.exitcode}"
     msg = f.message.get('message', '') if isinstance(f.message, dict) else str(f.message or '')
     ls = [l for l in msg.strip().splitlines() if l.strip()] if not msg.startswith(('To enable traceback', 'Signal ')) else []
+    # torch re-raises a DataLoader worker's error as "Caught E in DataLoader worker process k.", the worker's traceback after it:
+    # its last line is the error itself
+    w = _in_worker.search(ls[0]) if len(ls)>1 else None
+    if w: return f"{why}: {ls[-1].strip()} (in {w[1]})"
     # fastai puts "Exception occured in `cb` when calling event `e`:" before the cause's message: keep both
     msg = ls[0]+(f" {ls[1].strip()}" if len(ls)>1 and ls[0].rstrip().endswith('`:') else '') if ls else ''
     return why+(f": {msg}" if msg else "")
+
 
 # %% ../nbs/01_launch.ipynb #94d2f68f
 import re
@@ -116,10 +124,15 @@ def fail_msg(e, nnodes:int=1): # the number of nodes in the job
     others = [r for r in sorted(fs) if r!=r0 and r not in same]
     # SIGTERM is how the agent stops the ranks still running once one has failed: those had not failed (yet)
     stopped = [r for r in others if fs[r].exitcode==-signal.SIGTERM]
-    after = [r for r in others if r not in stopped]
+    # SIGKILL after the cause: the agent's, 30 s after a SIGTERM that the rank did not act on (stuck in Python, or in C++ code that
+    # does not return), or the OOM killer's
+    killed = [r for r in others if fs[r].exitcode==-signal.SIGKILL]
+    after = [r for r in others if r not in stopped+killed]
     ranks = lambda rs: f"rank{'s' if len(rs)>1 else ''} {', '.join(map(str, rs))}"
     if same: res.append(f"{ranks(same)} failed the same way")
     if after: res.append(f"{ranks(after)} failed after it (usually: their peer was gone)")
+    if killed: res.append(f"{ranks(killed)} killed by SIGKILL after it: by the launcher when a rank does not stop within 30 s of its "
+                          "SIGTERM (stuck: its last lines above say where), or by the OOM killer")
     if stopped: res.append(f"{ranks(stopped)} stopped by the launcher")
     # every rank here lost a peer: the cause is on another node, whose own launcher says what it was (or nothing, if the machine died)
     if nnodes>1 and peer_lost(_why(fs[r0])):

@@ -8,11 +8,12 @@ Docs: https://fastddp.github.io/fastddp/preempt.html.md"""
 __all__ = ['Preempted', 'Preempt']
 
 # %% ../nbs/02p_preempt.ipynb #5ce99dbd
-import os, sys, time, signal, subprocess, threading, atexit, weakref, multiprocessing, torch, numpy as np
+import os, re, sys, time, signal, subprocess, threading, atexit, weakref, multiprocessing, torch, numpy as np
 import torch.distributed as dist
 from fastai.basics import *
 from .core import *
 from .watchdog import beat, hurry
+from .worker import die_with_parent
 # 75, EX_TEMPFAIL in sysexits.h, "try again later": the checkpoint is on disk and the same command resumes
 from .launch import PREEMPTED
 
@@ -31,9 +32,12 @@ class Preempted(SystemExit):
 # %% ../nbs/02p_preempt.ipynb #bb028e67
 class _Quiet:
     "A DataLoader `wif` that first makes its worker process ignore `sigs` until `free` is set, then runs the loader's own `f`"
-    def __init__(self, f, sigs, free=None): self.f,self.sigs,self.free = f,sigs,free
+    def __init__(self, f, sigs, free=None): self.f,self.sigs,self.free,self.rank_pid = f,sigs,free,os.getpid()
     def __call__(self):
         for s in self.sigs: signal.signal(s, self._handler)
+        # and it ends with its rank: a rank killed (SIGKILL, the OOM killer) left its workers running, holding the rank's sockets open,
+        # so the other ranks' all-reduce noticed the loss only when the workers did (5 s idle; never, busy in a slow `__getitem__`)
+        die_with_parent(signal.SIGKILL, self.rank_pid)
         return self.f()
 
     def _handler(self, s, frame):
@@ -155,7 +159,14 @@ def _propose(self:Preempt):
 def _collect(self:Preempt):
     "The signals of the all-reduce posted at the last check (none if none was); it also sets the agreed steps to the next check"
     if self.work is None: return []
-    self.work.wait(); self.work = None
+    try: self.work.wait()
+    except RuntimeError as e: # gloo's timeout (`FASTDDP_TIMEOUT`): nobody answered
+        if not re.search(r"Timed out|timeout", str(e)): raise # a peer gone: the launcher names the rank that failed first
+        raise RuntimeError(f"rank {rank()} waited {distrib_timeout().total_seconds():g} s (FASTDDP_TIMEOUT) for the other ranks at the "
+                           f"stop-signal check of epoch {self.epoch}, step {getattr(self, 'iter', 0)}: a rank never came, stuck in a "
+                           "callback (an after_fit's?), or gone from the fit early (CancelFitException on one rank: every rank must "
+                           "cancel, on values they share)") from e
+    self.work = None
     *fl,gap = self.flags.tolist() # numpy's view of the reduced buffer: no torch call
     self.gap = -gap # the smallest any rank proposed
     return [s for s,o in zip(self.signals, fl) if o]

@@ -42,10 +42,17 @@ def stall_limit(stall:float):
 
 # %% ../nbs/02w_watchdog.ipynb #46e9032b
 _waits = ('/torch/distributed/', '/torch/autograd/', '/torch/nn/parallel/distributed.py')
+# fastddp's own waits for an asynchronous all-reduce (`Work.wait` is C++: the innermost Python frame is fastddp's): the stop flag
+# of `Preempt` (at a check, after an epoch, at the fit's end) and the "have a batch" flag of a stream
+_own_waits = {('preempt.py', '_collect'), ('stream.py', 'wait')}
 
 def in_collective(frames): # a stack as `traceback.extract_stack` gives it, innermost last
     "Does the stack wait for other ranks: in a collective, or in a backward whose gradients DDP all-reduces?"
-    return bool(frames) and any(o in frames[-1].filename.replace(os.sep, '/') for o in _waits)
+    if not frames: return False
+    fn = frames[-1].filename.replace(os.sep, '/')
+    here = os.path.dirname(fastddp.__file__).replace(os.sep, '/')+'/'
+    own = fn.startswith(here) and (os.path.basename(fn), frames[-1].name) in _own_waits
+    return own or any(o in fn for o in _waits)
 
 # torch.compile's compiler: dynamo converting a frame, AOTAutograd and inductor compiling, inductor loading what it built
 _compiler = ('/torch/_dynamo/convert_frame.py', '/torch/_inductor/compile_fx.py', '/torch/_inductor/codecache.py',

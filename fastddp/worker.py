@@ -25,12 +25,13 @@ def _exit(code):
     os._exit(code)
 
 # %% ../nbs/01a_worker.ipynb #d5a1b7c1
-def die_with_parent(sig=signal.SIGTERM):
-    "Ask the kernel to send `sig` to this process when its parent dies (Linux); send it now if the launcher is gone already"
+def die_with_parent(sig=signal.SIGTERM,
+                    parent:int=None): # the parent's pid, to tell whether it is gone already (default: `FASTDDP_LAUNCHER_PID`)
+    "Ask the kernel to send `sig` to this process when its parent dies (Linux); send it now if the parent is gone already"
     if not sys.platform.startswith('linux'): return False
     import ctypes
     if ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)!=0: return False # 1: PR_SET_PDEATHSIG
-    pid = os.environ.get('FASTDDP_LAUNCHER_PID')
+    pid = parent or os.environ.get('FASTDDP_LAUNCHER_PID')
     if pid and os.getppid()!=int(pid): os.kill(os.getpid(), sig) # it died before we asked
     return True
 

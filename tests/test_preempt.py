@@ -243,3 +243,47 @@ def test_signal_after_stop(tmp_path):
     "One process: a second SIGTERM after the stop, while the process exits, leaves the announced exit code 75 (it was -15)"
     rs = run_ranks(LATE, n=1, launcher='python', args=[tmp_path], check=False, timeout=120)
     assert rs.rc==PREEMPTED and "exit code 75: the same command resumes" in rs.out, rs.out[-3000:]
+
+# argv: mode ('after_fit': rank 1 stuck in an `after_fit` until the launcher's SIGTERM; 'kill': rank 1 SIGKILLed while its DataLoader
+# workers are busy), then a marker
+ENDS = '''
+import sys, os, time, signal
+from fastai.basics import *
+from fastddp.distrib import *; from fastddp.preempt import Preempt; from fastddp.testing import report
+R,mode = int(os.environ['RANK']),sys.argv[1]
+class DS:
+    def __len__(self): return 64
+    def __getitem__(self, i):
+        if mode=='kill' and R==1 and os.path.exists(sys.argv[2]+'.slow'): time.sleep(60) # busy when its rank dies
+        return torch.randn(4), torch.tensor([float(i%2)])
+class Stuck(Callback):
+    order = 50 # after the watchdog (13) has stopped, before `Preempt` (75) agrees on the stop flag a last time
+    def after_fit(self):
+        if mode!='after_fit' or R!=1: return
+        p = next(o for o in self.learn.cbs if isinstance(o, Preempt))
+        while not p.got: time.sleep(0.1) # until the launcher's SIGTERM
+    def after_batch(self):
+        if not (mode=='kill' and R==1 and self.training): return
+        if self.iter==1: Path(sys.argv[2]+'.slow').touch() # the items asked for from now on take a minute: the workers are busy
+        if self.iter==3:
+            import multiprocessing
+            report(wpids=[o.pid for o in multiprocessing.active_children()])
+            os.kill(os.getpid(), signal.SIGKILL)
+dls = DataLoaders.from_dsets(DS(), DS(), bs=4, num_workers=2 if mode=='kill' else 0, shuffle=False, device='cpu')
+learn = Learner(dls, nn.Linear(4,1), loss_func=MSELossFlat(), cbs=Stuck())
+with learn.distrib_ctx(): learn.fit(1)
+'''
+
+def test_rank_ends(tmp_path, marker):
+    ("The ends of a failed run: a rank stuck after the watchdog stopped (a callback's `after_fit`) fails the others' last stop-flag "
+     "check after FASTDDP_TIMEOUT with a line that says so (it waited 30 min, torch's default); a rank SIGKILLed while its "
+     "DataLoader workers are busy takes them along (they were left running, and kept the other rank waiting for their sockets)")
+    rs = run_ranks(ENDS, n=2, args=['after_fit', marker], env={'FASTDDP_TIMEOUT': '5'}, check=False, timeout=120)
+    assert rs.rc==1 and "rank 0 waited 5 s (FASTDDP_TIMEOUT) for the other ranks at the stop-signal check" in rs.out, rs.out[-3000:]
+    assert not wait_gone(marker, 10)
+    rs = run_ranks(ENDS, n=2, args=['kill', tmp_path/'flag', marker], check=False, timeout=120)
+    assert rs.rc==1 and "rank 1 (pid" in rs.out and "failed: killed by SIGKILL" in rs.out, rs.out[-3000:]
+    import psutil
+    ps = [p for p in rs[1]['wpids'] if psutil.pid_exists(p) and psutil.Process(p).status()!=psutil.STATUS_ZOMBIE]
+    assert not ps, f"rank 1's DataLoader workers {ps} left running"
+    assert not wait_gone(marker, 10)
