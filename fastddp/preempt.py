@@ -37,7 +37,8 @@ class _Quiet:
         for s in self.sigs: signal.signal(s, self._handler)
         # and it ends with its rank: a rank killed (SIGKILL, the OOM killer) left its workers running, holding the rank's sockets open,
         # so the other ranks' all-reduce noticed the loss only when the workers did (5 s idle; never, busy in a slow `__getitem__`)
-        die_with_parent(signal.SIGKILL, self.rank_pid)
+        # (a worker forked by the rank itself: under `forkserver` or `spawn`, Python 3.14's default and macOS's, its parent is another)
+        if os.getppid()==self.rank_pid: die_with_parent(signal.SIGKILL, self.rank_pid)
         return self.f()
 
     def _handler(self, s, frame):

@@ -288,3 +288,22 @@ def test_rank_ends(tmp_path, marker):
     ps = [p for p in rs[1]['wpids'] if psutil.pid_exists(p) and psutil.Process(p).status()!=psutil.STATUS_ZOMBIE]
     assert not ps, f"rank 1's DataLoader workers {ps} left running"
     assert not wait_gone(marker, 10)
+
+def test_forkserver_workers(tmp_path):
+    ("DataLoader workers under `forkserver` (Python 3.14's default on Linux; `spawn`, macOS's, is alike): their parent is not the "
+     "rank, and `Checkpoint`'s workers still train (asking to die with a parent that is not the rank killed them at once)")
+    code = '''
+import sys, multiprocessing
+if __name__=='__main__':
+    multiprocessing.set_start_method('forkserver')
+    multiprocessing.set_forkserver_preload(['torch', 'fastai.basics']) # each worker then starts in a moment
+    from fastai.basics import *
+    from fastddp.checkpoint import Checkpoint; from fastddp.handloop import InMemory; from fastddp.testing import report
+    x = torch.randn(64,4); y = torch.randint(0,2,(64,))
+    dls = DataLoaders.from_dsets(InMemory(x,y), InMemory(x[:16],y[:16]), bs=8, num_workers=2, device='cpu')
+    learn = Learner(dls, nn.Linear(4,2), loss_func=CrossEntropyLossFlat(), path=sys.argv[1], cbs=Checkpoint())
+    with learn.no_logging(): learn.fit(1)
+    report(epochs=len(learn.recorder.values))
+'''
+    rs = run_ranks(code, n=1, launcher='python', args=[tmp_path], check=False, timeout=180)
+    assert rs.rc==0 and rs[0]=={'epochs': 1}, rs.out[-3000:]
