@@ -94,7 +94,6 @@ def _why(f):
 
 
 # %% ../nbs/01_launch.ipynb #94d2f68f
-import re
 # the messages of a rank that failed because a peer did: gloo's, when the peer's socket closed or reset or it did not answer in
 # time, the TCP store's, NCCL's abort; the table below holds the real messages, provoked on torch 2.14.1
 _peer_lost = re.compile(r"Connection (closed|reset) by peer|Timed out waiting \d+ms for (recv|send) operation|wait timeout after "

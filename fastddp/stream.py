@@ -117,7 +117,7 @@ def shard_workers(ds, ws:int, # ranks
     urls = getattr(ds.pipeline[0], 'urls', None) if st else None
     # resampled shards never run out; a custom splitter's split is unknown; `empty_check=False` lets a worker read nothing
     if urls is None or _resampled(st) or 'check_empty' not in st or (ws>1 and 'split_by_node' not in st): return nw
-    k = min(len(urls[r::ws]) for r in range(ws)) # `split_by_node` gives rank r every ws-th shard from the r-th
+    k = len(urls)//ws # `split_by_node` gives rank r every ws-th shard from the r-th: the last rank has the fewest
     if k==0: raise DistribError(f"this WebDataset has {len(urls)} shard(s) for {ws} ranks, so rank {len(urls)} reads none "
                                 "(nodesplitter=split_by_node) and WebDataset stops it: write at least one shard per rank, or pass "
                                 "nodesplitter=None (each rank then reads every shard, and fastddp splits the items)")

@@ -256,6 +256,7 @@ def stats(self:TimeCost,
     # for a straggler), median over steps; it is the link's rate when backward hides none of the all-reduce, higher when it does
     # DDP's broadcast of buffers before forward, which 'comm' also counts (mean ms per step on each rank)
     res['sync_ms'] = [1e3*r['sync'][_kept(r, self.skip)].mean() if len(r.get('sync', ())) else 0. for r in rs]
+    res['bcast_ms'] = float(np.mean(res['sync_ms'])) # DDP's broadcast of buffers before forward, mean of the ranks
     ar = [m-s for (_,m,_),s in zip(res['phases']['comm'], res['sync_ms'])] # each rank's exposed all-reduce
     res['comm_ms'],res['least'] = min(ar),int(np.argmin(ar))
     res['exposed_ms'] = np.mean([m for m,_,_ in res['phases']['comm']]) # all of `comm`, mean of the ranks: the ms of its share
@@ -274,7 +275,7 @@ limits = dict(data=.1, comm=.15, imbalance=.1, compute=.5, callbacks=.1, link=10
 def _comm_advice(st, lim):
     "What to do about exposed communication, with the numbers that call for it"
     s,l,r = min(st['share']['comm'], .99),lim['comm'],st.get('comm_mbit')
-    sb = np.mean(st.get('sync_ms') or [0.])
+    sb = st['bcast_ms']
     head = (f"exposed communication is {st['share']['comm']:.0%} of the step (limit {l:.0%}"
             +(f"; {sb:.1f} ms of its {st['exposed_ms']:.1f} ms a step is DDP's broadcast of buffers before forward" if sb>=.05 else '')+")")
     # k micro-batches per synchronisation: the exposed share of k steps is s/(k(1-s)+s); the smallest k that meets the limit
@@ -316,7 +317,7 @@ def recommend(st, lim=None):
     dev = 'GPU' if st['cuda'] else 'CPU'
     if sh['data']>lim['data']:
         res.append(('data', f"waiting for data (its copy to the device included) is {sh['data']:.0%} of the step "
-                            f"(limit {lim['data']:.0%}): {_workers(st['workers'], st.get('cpus') or cpus()[0], st.get('local_ws', 1))}; "
+                            f"(limit {lim['data']:.0%}): {_workers(st['workers'], st['cpus'], st['local_ws'])}; "
                             "on a GPU, augmentation on the device (batch transforms), and keep distrib_ctx's prefetch on "
                             "(its default: pinned batches copied on a side stream ahead of their step; with prefetch=False fastai's "
                             "loaders copy with non_blocking=False, which waits even from pinned memory)"))
@@ -345,7 +346,7 @@ class Text(str):
 def _exposed(st):
     "The exposed communication in ms (the share's: mean of the ranks), DDP's broadcast of buffers in it, and the all-reduce's rate"
     if st['ws']<2: return ''
-    sb = np.mean(st['sync_ms'])
+    sb = st['bcast_ms']
     return (f": {st['exposed_ms']:.1f} ms a step (mean of the ranks)"
             +(f", {sb:.1f} ms of it DDP's broadcast of buffers before forward" if sb>=.05 else '')
             +(f"; the all-reduce's {st['comm_ms']:.1f} ms on rank {st['least']}, which waited least: "

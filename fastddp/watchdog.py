@@ -45,13 +45,13 @@ _waits = ('/torch/distributed/', '/torch/autograd/', '/torch/nn/parallel/distrib
 # fastddp's own waits for an asynchronous all-reduce (`Work.wait` is C++: the innermost Python frame is fastddp's): the stop flag
 # of `Preempt` (at a check, after an epoch, at the fit's end) and the "have a batch" flag of a stream
 _own_waits = {('preempt.py', '_collect'), ('stream.py', 'wait')}
+_pkg = os.path.dirname(fastddp.__file__) # fastddp's own source
 
 def in_collective(frames): # a stack as `traceback.extract_stack` gives it, innermost last
     "Does the stack wait for other ranks: in a collective, or in a backward whose gradients DDP all-reduces?"
     if not frames: return False
     fn = frames[-1].filename.replace(os.sep, '/')
-    here = os.path.dirname(fastddp.__file__).replace(os.sep, '/')+'/'
-    own = fn.startswith(here) and (os.path.basename(fn), frames[-1].name) in _own_waits
+    own = fn.startswith(_pkg.replace(os.sep, '/')+'/') and (os.path.basename(fn), frames[-1].name) in _own_waits
     return own or any(o in fn for o in _waits)
 
 # torch.compile's compiler: dynamo converting a frame, AOTAutograd and inductor compiling, inductor loading what it built
@@ -67,7 +67,7 @@ def _lib(fn):
     "Is `fn` Python's or an installed package's source (not the user's)?"
     if fn.startswith('<'): return True # frozen modules, `exec`'d strings
     fn = os.path.abspath(fn)
-    return fn.startswith((sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(fastddp.__file__))) or 'site-packages' in fn
+    return fn.startswith((sys.prefix, sys.base_prefix, sys.exec_prefix, _pkg)) or 'site-packages' in fn
 
 def _frame(f): return f'{f.filename}, line {f.lineno}, in {f.name}'+(f': {f.line.strip()}' if f.line else '')
 
