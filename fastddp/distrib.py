@@ -32,7 +32,7 @@ from .eval import ExactDL, reduce_metrics
 from .epoch_loss import EpochLoss
 from .shard import Sharded, auto_units
 from .compile import compile_cb, compile_for, no_accel_compile
-from .watchdog import Heartbeat, guard_exit
+from .watchdog import Heartbeat, guard_exit, left, left_msg, where_left
 from .preempt import Preempt, Preempted
 from .foreach import use_foreach
 from .tune import Tune
@@ -689,9 +689,16 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
         if 'find_unused_parameters' in str(e):
             raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): "
                                "pass find_unused_parameters=True to distrib_ctx") from e
+        # a peer that left the fit early and ended: a launcher sees no failure in its exit, so this rank names it
+        if peer_lost(str(e)) and (gone := left()): raise DistribError(f"rank {rank()} lost {left_msg(gone)}") from e
         lost = peer_lost(str(e)) and bool(os.environ.get('TORCHELASTIC_RUN_ID'))
         raise
     except Preempted: pre = True; raise # every rank stopped at one step, its checkpoint written: the process ends, nothing to say
+    except SystemExit as e:
+        # `sys.exit(0)` on this rank alone, mid-fit: the ranks left waiting for it name it
+        for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat) and not e.code):
+            o.leave(f"left it with sys.exit({e.code}) {where_left(self, e.__traceback__)}")
+        raise
     finally:
         # after a failure the other ranks may be gone: no collective
         self.detach_distributed(gather=ok or (None if pre else False))
