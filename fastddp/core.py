@@ -255,6 +255,12 @@ def _join_msg(e, addr, port):
     m = re.search(r'(\d+)/(\d+) clients joined', s)
     if m: return (f"only {m[1]} of WORLD_SIZE={ws} ranks joined at {addr}:{port} within {t:g} s (FASTDDP_TIMEOUT): start {ws} ranks "
                   "with this MASTER_ADDR and MASTER_PORT, or set WORLD_SIZE to the number started")
+    # gloo connects every pair of ranks as the group is made: each waits in the store for the address of the ranks it lacks
+    late = sorted({int(o) for o in re.findall(r'default_pg/\d+//\w+//\d+/(\d+)', s)})
+    if 'wait timeout' in s and late:
+        return (f"rank {rank()}: rank(s) {', '.join(map(str, late))} did not join the process group within {t:g} s (FASTDDP_TIMEOUT): "
+                "still busy before it (loading or downloading data, building the model), stuck there, or gone; a start that takes "
+                "longer on some ranks needs a larger FASTDDP_TIMEOUT")
     if 'trying to connect' in s:
         return (f"rank {rank()}: nothing answered at {addr}:{port} within {t:g} s (FASTDDP_TIMEOUT): start rank 0 there first, with "
                 f"the same MASTER_ADDR and MASTER_PORT, and check that this host reaches it (fastddp-doctor --peer {addr}:{port})")

@@ -249,6 +249,20 @@ def test_peer_lost_messages(mode, env, marker):
     if mode=='raise': assert not peer_lost(rs[1]['msg'])
     assert not wait_gone(marker, 10)
 
+LATE = '''
+import os, sys, time
+from fastddp.core import *
+if rank()==1: time.sleep(60) # still loading its data, say
+init_distrib('gloo')
+'''
+
+def test_rank_never_joins(marker):
+    "A rank that never reaches the process group is named by the others after FASTDDP_TIMEOUT (they quoted torch's store key)"
+    rs = run_ranks(LATE, n=3, args=[marker], env={'FASTDDP_TIMEOUT': '4'}, check=False, timeout=100)
+    assert rs.rc==2, rs.out[-2000:]
+    assert "DistribError: rank 0: rank(s) 1 did not join the process group within 4 s (FASTDDP_TIMEOUT)" in rs.out, rs.out[-2000:]
+    assert not wait_gone(marker, 10)
+
 # Each writer raises or fails with a long message: its record takes seconds to write, and the test stops it as soon as the file or
 # its temporary appears. torch's own `ErrorHandler` fails this: it leaves an empty file (what the agent then failed on)
 WRITE = '''
