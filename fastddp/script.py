@@ -89,11 +89,11 @@ def script_flags(scale_lr:str=None, # scale lr with the number of processes: 'li
                  seed:int=42, # random seed
                  out:str=None, # folder for metrics.json and export.pkl
                  checkpoint:str=None, # folder for a checkpoint every epoch (resumed automatically)
-                 resume:bool=True, # with --no-resume, start over even if --checkpoint holds one
+                 no_resume:bool=False, # start over even if --checkpoint holds one
                  time_cost:bool=False, # time every step's phases; rank 0 prints the report (and saves time_cost.png in --out)
                  forecast:str=None): # time cost and the speed-up forecast at these ranks per host: 8,16 or 2x8 (hosts x ranks)
     "The flags every example script takes, declared once: a script's `main` gets them with `@delegates(script_flags)`; checked"
-    o = AttrDict(locals())
+    o = AttrDict(locals(), resume=not no_resume) # a flag that says what it does: fastcore's `--no-resume` for a True said '(default: True)'
     # checked before any data is read or trained on: a bad value found in a callback would end the run after its work
     if scale_lr not in (None, 'linear', 'sqrt'): raise ScriptError(f"--scale-lr {scale_lr}: expected 'linear' or 'sqrt'")
     positive(accum=accum)
