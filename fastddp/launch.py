@@ -158,6 +158,7 @@ class Restarts(logging.Filter):
             f = sys._getframe()
             while f is not None and f.f_code.co_name!='_invoke_run': f = f.f_back
             res = f.f_locals.get('run_result') if f is not None else None
+            fresh_line() # after a rank's progress bar
             print(f"fastddp-launch: {restart_msg(res, int(m[1]), int(m[2]), self.nnodes)}", file=sys.stderr, flush=True)
         return False
 
@@ -331,6 +332,7 @@ def _launch(a, tmp=None):
     os.environ['FASTDDP_LAUNCHER_PID'] = str(os.getpid()) # the workers end with this process (`fastddp.worker.die_with_parent`)
     try: elastic_launch(cfg, sys.executable)('-u', '-m', 'fastddp.worker', a.script, *a.args)
     except ChildFailedError as e:
+        fresh_line() # the ranks' last line may be a progress bar, left open
         if all(f.exitcode==PREEMPTED for f in e.failures.values()): # a signal that reached the ranks only
             print(f"fastddp-launch: the ranks stopped on a signal after writing a checkpoint: exit code {PREEMPTED}",
                   file=sys.stderr, flush=True)
@@ -340,6 +342,7 @@ def _launch(a, tmp=None):
         # bad input (a script's `ScriptError`, a wrong argument) is 2 on each rank that ended by itself, as in one process
         return 2 if {f.exitcode for f in e.failures.values() if f.exitcode>0}=={2} else 1
     except SignalException as e:
+        fresh_line()
         if fwd.codes and all(o==PREEMPTED for o in fwd.codes.values()):
             print(f"fastddp-launch: {signal.Signals(e.sigval).name}: every rank wrote the checkpoint and stopped: exit code {PREEMPTED}",
                   file=sys.stderr, flush=True)

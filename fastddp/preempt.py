@@ -245,6 +245,7 @@ def _exit(self:Preempt):
     if st['ckpt']: msg = (f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s and {st['steps']} step(s) "
                           f"after the signal; exit code {code}: the same command resumes")
     else: msg = f"; no checkpoint (add Checkpoint() to resume from here); exit code {code}"
+    if is_rank0(): fresh_line() # the fit stopped mid-epoch: its progress bar's line is open
     rank0_print(f"fastddp: {where}{msg}", file=sys.stderr)
     if st['ckpt']: self._requeue()
     raise Preempted(code, **st)

@@ -58,7 +58,8 @@ def run_ranks(code:str, # the script's source, or the path of a script
               env:dict=None, # extra environment variables
               timeout:float=300, # seconds before the run is killed
               check:bool=True, # raise when the launcher exits non-zero
-              largs:list=()): # extra launcher arguments
+              largs:list=(), # extra launcher arguments
+              merge:bool=False): # stderr into stdout, in order, as a terminal (or `2>&1`) shows them
     "Run `code` on `n` ranks under `launcher`; return a `Ranks` of what each rank `report`ed"
     with tempfile.TemporaryDirectory() as d:
         fn = Path(code) if '\n' not in code and Path(code).is_file() else Path(d)/'script.py'
@@ -66,9 +67,10 @@ def run_ranks(code:str, # the script's source, or the path of a script
         cmd = [o.format(n=n, port=free_port()) for o in _launchers[launcher]]+list(largs)+[str(fn), *map(str, args)]
         if n==1: cmd = [o for o in cmd if o!='--multi_gpu'] # accelerate refuses `--multi_gpu` with one process
         e = {**os.environ, 'FASTDDP_REPORT_DIR': d, 'PYTHONUNBUFFERED': '1', **(env or {})}
-        p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
         res = Ranks(read_reports(d, n)) # with 'python', `n` is what the script itself starts
-    res.rc,res.out = p.returncode,p.stdout+p.stderr
+    res.rc,res.out = p.returncode,p.stdout+(p.stderr or '')
     if check and p.returncode: raise RanksFailed(f"{shlex.join(cmd)} exited with {p.returncode}:\n{res.out[-3000:]}", res)
     return res
 

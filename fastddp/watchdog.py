@@ -242,6 +242,7 @@ def _abandoned(self:Watchdog, s):
 # %% ../nbs/02w_watchdog.ipynb #4ed66292
 def _fail(msg, frames=()):
     "End this rank: print `msg`, give it and `frames` to the launcher as the reason, stop the DataLoader workers, exit with code 1"
+    fresh_line() # after this rank's progress bar
     print(f"fastddp: {msg}", file=sys.stderr, flush=True)
     fn = os.environ.get('TORCHELASTIC_ERROR_FILE') # where torch's elastic agent (`torchrun`, `fastddp-launch`) reads why a worker failed
     err = dict(message=f'RankStalled: {msg}',

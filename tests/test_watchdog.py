@@ -91,7 +91,7 @@ def test_rank_leaves_fit(mode, launcher, marker):
     ("A rank that leaves a fit alone (CancelFitException on its own values, sys.exit(0)) ends the run within `Watchdog.peer_wait`, named "
      "with why (it took ~250 s for the watchdog, which blamed the wrong rank); a fit every rank cancels at one step goes on")
     t0 = time.time()
-    rs = run_ranks(_left, n=2, launcher=launcher, args=[mode, marker], check=False, timeout=150)
+    rs = run_ranks(_left, n=2, launcher=launcher, args=[mode, marker], check=False, timeout=150, merge=True)
     took = time.time()-t0
     assert rs.rc!=0 and not any(o and o.get('done') for o in rs), rs.out[-3000:]
     why = {'nan': "rank 1 cancelled it (CancelFitException) at epoch 0, batch 5, in TerminateOnNaNCallback.after_batch",
@@ -99,5 +99,8 @@ def test_rank_leaves_fit(mode, launcher, marker):
     first = {'nan': "RankStalled: rank 0 waited", 'exit': "DistribError: rank 0 lost rank(s) that left this fit early"}[mode]
     assert why in rs.out and first in rs.out and "Every rank must leave a fit at the same step" in rs.out, rs.out[-3000:]
     if mode=='nan': assert [o['all_iter'] for o in rs]==[3, 3], rs.out[-3000:] # the fit both cancelled ended, on both, at one step
+    # on a line of its own, not after rank 0's progress bar (which ends its redraws with '\r')
+    own = {'nan': "fastddp: rank 0 waited", 'exit': "fastddp-launch: rank 0 (pid"}[mode]
+    assert any(l.startswith(own) for l in rs.out.split('\n')), rs.out[-3000:]
     assert took<90, took # the 5 s of peer_wait, and starting Python and torch on a loaded machine
     assert wait_gone(marker, 20)==[]
