@@ -696,8 +696,8 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     except Preempted: pre = True; raise # every rank stopped at one step, its checkpoint written: the process ends, nothing to say
     except SystemExit as e:
         # `sys.exit(0)` on this rank alone, mid-fit: the ranks left waiting for it name it
-        for o in self.cbs.filter(lambda o: isinstance(o, Heartbeat) and not e.code):
-            o.leave(f"left it with sys.exit({e.code}) {where_left(self, e.__traceback__)}")
+        why = f"left it with sys.exit({e.code}) {where_left(self, e.__traceback__)}"
+        if not e.code: self.cbs.filter(lambda o: isinstance(o, Heartbeat)).map(lambda o: o.leave(why))
         raise
     finally:
         # after a failure the other ranks may be gone: no collective
