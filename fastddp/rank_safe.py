@@ -55,6 +55,21 @@ def _rank0_says(f):
 
 for _c in (EarlyStoppingCallback, SaveModelCallback, ReduceLROnPlateau): _c.after_epoch = _rank0_says(_c.after_epoch)
 
+# %% ../nbs/02c_rank_safe.ipynb #5e7b1a5e
+from fastai.callback.tracker import TerminateOnNaNCallback
+
+def _any_rank(f):
+    "`TerminateOnNaNCallback.after_batch` `f`; training data-parallel, every rank cancels when the loss of any rank is not finite"
+    @functools.wraps(f)
+    def _f(self):
+        if not (self.training and is_distributed(self.learn)): return f(self)
+        bad = (~self.loss.detach().as_subclass(Tensor).isfinite()).any().float() # on the loss's device: NCCL moves it on a GPU
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item(): raise CancelFitException()
+    return _f
+
+TerminateOnNaNCallback.after_batch = _any_rank(TerminateOnNaNCallback.after_batch)
+
 # %% ../nbs/02c_rank_safe.ipynb #206a5de7
 def _leaves(o, at=()):
     "`(place, value)` of each leaf of the nested dicts, lists (fastcore's `L` too) and tuples `o`"

@@ -56,8 +56,8 @@ def test_exit_that_hangs_ends(launcher, marker):
     assert time.time()-t0<90
     assert wait_gone(marker, 20)==[]
 
-# argv: 'nan' (a first fit that every rank cancels at one step, then rank 1 alone cancels the second: `TerminateOnNaNCallback` on its
-# own loss) or 'exit' (rank 1 alone calls sys.exit(0) mid-fit), then a marker
+# argv: 'own' (a first fit in which rank 1's loss is NaN, which `TerminateOnNaNCallback` cancels on every rank at one step, then a
+# fit that rank 1 alone cancels, on its own values) or 'exit' (rank 1 alone calls sys.exit(0) mid-fit), then a marker
 _left = '''
 import sys
 from fastai.basics import *
@@ -68,39 +68,39 @@ from fastddp.testing import report
 from fastddp.watchdog import Watchdog
 Watchdog.peer_wait = 5
 class Odd(Callback):
-    order = -1 # before `TerminateOnNaNCallback` (0) reads the loss
     def __init__(self, mode): self.mode = mode
-    def after_loss(self):
-        if self.mode=='nan' and self.training and self.iter==5 and rank()==1: self.learn.loss = self.loss*float('nan')
+    def after_loss(self): # the loss reported, not the one backpropagated
+        if self.mode=='nan' and self.training and self.iter==2 and rank()==1: self.learn.loss = self.loss*float('nan')
     def after_batch(self):
-        if self.mode=='all' and self.training and self.iter==2: raise CancelFitException() # every rank, at one step
-        if self.mode=='exit' and self.training and self.iter==5 and rank()==1: sys.exit(0)
+        if self.training and self.iter==5 and rank()==1:
+            if self.mode=='own': raise CancelFitException() # an early stop on this rank's own loss, say
+            if self.mode=='exit': sys.exit(0)
 x = torch.randn(256, 3); ds = list(zip(x, x.sum(1, keepdim=True)))
 learn = Learner(DataLoaders(DataLoader(ds, bs=8), DataLoader(ds[:16], bs=8), device='cpu'), nn.Linear(3, 1), loss_func=MSELossFlat(),
                 cbs=TerminateOnNaNCallback())
 with learn.distrib_ctx():
-    if sys.argv[1]=='nan':
-        learn.fit(2, cbs=Odd('all'))
-        report(all_iter=learn.train_iter)
+    if sys.argv[1]=='own':
+        learn.fit(2, cbs=Odd('nan'))
+        report(nan_iter=learn.train_iter)
     learn.fit(2, cbs=Odd(sys.argv[1]))
 report(done=True)
 '''
 
-@pytest.mark.parametrize('mode,launcher', [('nan', 'torchrun'), ('exit', 'fastddp')])
+@pytest.mark.parametrize('mode,launcher', [('own', 'torchrun'), ('exit', 'fastddp')])
 def test_rank_leaves_fit(mode, launcher, marker):
     ("A rank that leaves a fit alone (CancelFitException on its own values, sys.exit(0)) ends the run within `Watchdog.peer_wait`, named "
-     "with why (it took ~250 s for the watchdog, which blamed the wrong rank); a fit every rank cancels at one step goes on")
+     "with why (it took ~250 s for the watchdog, which blamed the wrong rank); a NaN loss on one rank cancels every rank at one step")
     t0 = time.time()
     rs = run_ranks(_left, n=2, launcher=launcher, args=[mode, marker], check=False, timeout=150, merge=True)
     took = time.time()-t0
     assert rs.rc!=0 and not any(o and o.get('done') for o in rs), rs.out[-3000:]
-    why = {'nan': "rank 1 cancelled it (CancelFitException) at epoch 0, batch 5, in TerminateOnNaNCallback.after_batch",
+    why = {'own': "rank 1 cancelled it (CancelFitException) at epoch 0, batch 5, in Odd.after_batch",
            'exit': "rank 1 left it with sys.exit(0) at epoch 0, batch 5, in Odd.after_batch"}[mode]
-    first = {'nan': "RankStalled: rank 0 waited", 'exit': "DistribError: rank 0 lost rank(s) that left this fit early"}[mode]
+    first = {'own': "RankStalled: rank 0 waited", 'exit': "DistribError: rank 0 lost rank(s) that left this fit early"}[mode]
     assert why in rs.out and first in rs.out and "Every rank must leave a fit at the same step" in rs.out, rs.out[-3000:]
-    if mode=='nan': assert [o['all_iter'] for o in rs]==[3, 3], rs.out[-3000:] # the fit both cancelled ended, on both, at one step
+    if mode=='own': assert [o['nan_iter'] for o in rs]==[3, 3], rs.out[-3000:] # rank 1's NaN at step 2 stopped both after it
     # on a line of its own, not after rank 0's progress bar (which ends its redraws with '\r')
-    own = {'nan': "fastddp: rank 0 waited", 'exit': "fastddp-launch: rank 0 (pid"}[mode]
+    own = {'own': "fastddp: rank 0 waited", 'exit': "fastddp-launch: rank 0 (pid"}[mode]
     assert any(l.startswith(own) for l in rs.out.split('\n')), rs.out[-3000:]
     assert took<90, took # the 5 s of peer_wait, and starting Python and torch on a loaded machine
     assert wait_gone(marker, 20)==[]
