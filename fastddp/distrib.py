@@ -40,6 +40,8 @@ import fastddp.rank_safe, fastddp.precision # they patch fastai: loading distrib
 from .rank_safe import sync_opt
 from .precision import accel_precision
 import fastddp.loggers # fastai's loggers under DDP (patched when their modules are imported)
+from .loggers import rank_local
+from . import after_import
 use_slurm() # `srun python train.py`: scripts read RANK before distrib_ctx; loading fastai.distributed in an srun step means a run
 
 # %% ../nbs/03_distrib.ipynb #2db502d6
@@ -719,6 +721,27 @@ def load(self:Learner, file, device=None, **kwargs):
     if self.opt is None: self.create_opt()
     load_model(join_path_file(file, self.path/self.model_dir, ext='.pth'), self.model, self.opt, device=device, **kwargs)
     return self
+
+# %% ../nbs/03_distrib.ipynb #0acc0b7f
+@contextmanager
+def _alone(learn):
+    "Inside `distrib_ctx`, `learn` as one process (`rank_local`) without the callbacks that wait for other ranks as a fit starts or ends"
+    tr = learn.cbs.filter(lambda o: isinstance(o, DistributedTrainer))
+    if not tr or any(o.sharded for o in tr): yield; return # outside the context; or a sharded forward, which every rank must join
+    with rank_local(learn), learn.removed_cbs(_ddp_cbs(learn)+learn.cbs.filter(lambda o: isinstance(o, EpochLoss))): yield
+
+def _on_one_rank(cls, name):
+    "Make method `name` of learner class `cls` run on each rank alone inside `distrib_ctx`"
+    f = getattr(cls, name)
+    @wraps(f)
+    def _f(self, *args, **kwargs):
+        with _alone(self): return f(self, *args, **kwargs)
+    setattr(cls, name, _f)
+
+_on_one_rank(Learner, 'predict'); _on_one_rank(Learner, 'show_results')
+# the learners whose own `predict` replaces `Learner.predict` (tabular rows; a language model's next words)
+after_import('fastai.tabular.learner', lambda m: _on_one_rank(m.TabularLearner, 'predict'))
+after_import('fastai.text.learner', lambda m: _on_one_rank(m.LMLearner, 'predict'))
 
 # %% ../nbs/03_distrib.ipynb #0ff91923
 _plain_export = Learner.export # fastddp.shard's: without the `DistributedTrainer`, written whole
