@@ -13,7 +13,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from fastai.callback.core import GatherPredsCallback
 from fastai.metrics import Dice, DiceMulti, CorpusBLEUMetric
-import pickle, functools
+import pickle, functools, operator
 from .core import *
 
 # %% ../nbs/02a_eval.ipynb #ce766a5c
@@ -88,6 +88,27 @@ def after_validate(self:GatherPredsCallback):
     if self.with_targs: self.targets = _cat(self.targets)
     if self.with_loss:  self.losses  = to_concat(self.losses)
 
+# %% ../nbs/02a_eval.ipynb #cfc22b3e
+def _keep_terms(acc):
+    "Wrap `accumulate` `acc` of an `AvgMetric`/`AvgLoss`: while a rank validates its block (`ExactDL`), keep each batch's term"
+    @functools.wraps(acc)
+    def _f(self, learn):
+        if not isinstance(getattr(learn, 'dl', None), ExactDL): return acc(self, learn)
+        t = self.total
+        self.total = 0.
+        acc(self, learn) # fastai's `self.total += term`: the term alone
+        self.terms.append(self.total)
+        self.total = t+self.total
+    return _f
+
+def _no_terms(reset):
+    "Wrap `reset` of an `AvgMetric`/`AvgLoss`: no terms kept yet"
+    @functools.wraps(reset)
+    def _f(self): reset(self); self.terms = []
+    return _f
+
+for _c in (AvgMetric, AvgLoss): _c.accumulate,_c.reset = _keep_terms(_c.accumulate),_no_terms(_c.reset)
+
 # %% ../nbs/02a_eval.ipynb #346ae1dd
 summed = {Dice: ('inter','union'), DiceMulti: ('inter','union'), # `JaccardCoeff` and `JaccardCoeffMulti` are subclasses
           CorpusBLEUMetric: ('pred_len','targ_len','corrects','counts')} # a `Metric` class: its attributes that sum over batches
@@ -118,7 +139,10 @@ def reduce_metrics(mets):
     st = []
     for m in mets:
         if isinstance(m, AccumMetric): st.append((m.preds, m.targs))
-        elif hasattr(m, 'total') and hasattr(m, 'count'): st.append((float(m.total), float(m.count), _dtype(m.total)))
+        elif hasattr(m, 'total') and hasattr(m, 'count'):
+            terms = getattr(m, 'terms', None)
+            if terms==[] and m.count: terms = None # a subclass's own `accumulate`: its total only
+            st.append((float(m.total), float(m.count), _dtype(m.total), terms))
         elif _sums(m): st.append({k: getattr(m, k) for k in _sums(m)})
         else:
             warn_once(f"metric {m.name} is not an AvgMetric/AvgLoss/AccumMetric nor in fastddp.eval.summed: every rank takes rank 0's, "
@@ -132,8 +156,9 @@ def reduce_metrics(mets):
         elif hasattr(m, 'total') and hasattr(m, 'count'):
             t = torch.tensor([p[:2] for p in ps], dtype=torch.float64).sum(0)
             dt = next((p[2] for p in ps if p[2] is not None), None) # a rank with an empty block has fastai's initial 0
-            # summed in float64, then kept in the metric's own dtype, as one process's running sum: the same value on every rank
-            m.total = t[0].item() if dt is None else torch.tensor(t[0].item(), dtype=dt)
+            if all(p[3] is not None for p in ps): m.total = functools.reduce(operator.add, [o for p in ps for o in p[3]], 0.) # bit-equal
+            # else summed in float64, then kept in the metric's own dtype, as one process's running sum: the same value on every rank
+            else: m.total = t[0].item() if dt is None else torch.tensor(t[0].item(), dtype=dt)
             m.count = int(t[1].item()) if isinstance(m.count, int) else t[1].item()
         elif _sums(m):
             for k in _sums(m): setattr(m, k, functools.reduce(_add, [p[k] for p in ps]))
