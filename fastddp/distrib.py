@@ -728,7 +728,10 @@ def _alone(learn):
     "Inside `distrib_ctx`, `learn` as one process (`rank_local`) without the callbacks that wait for other ranks as a fit starts or ends"
     tr = learn.cbs.filter(lambda o: isinstance(o, DistributedTrainer))
     if not tr or any(o.sharded for o in tr): yield; return # outside the context; or a sharded forward, which every rank must join
-    with rank_local(learn), learn.removed_cbs(_ddp_cbs(learn)+learn.cbs.filter(lambda o: isinstance(o, EpochLoss))): yield
+    # `_ddp_cbs`, and `Preempt`'s subclasses too (a `Checkpoint` checks its stop flag with the other ranks after each epoch, `get_preds`'
+    # too), each once: `removed_cbs` adds back what it was given
+    talk = (Tune, Prefetch, Heartbeat, PadForwards, Preempt, EpochLoss)
+    with rank_local(learn), learn.removed_cbs(learn.cbs.filter(lambda o: isinstance(o, talk))): yield
 
 def _on_one_rank(cls, name):
     "Make method `name` of learner class `cls` run on each rank alone inside `distrib_ctx`"

@@ -97,14 +97,14 @@ def _keep_terms(acc):
         t = self.total
         self.total = 0.
         acc(self, learn) # fastai's `self.total += term`: the term alone
-        self.terms.append(self.total)
+        self._terms.append(self.total)
         self.total = t+self.total
     return _f
 
 def _no_terms(reset):
     "Wrap `reset` of an `AvgMetric`/`AvgLoss`: no terms kept yet"
     @functools.wraps(reset)
-    def _f(self): reset(self); self.terms = []
+    def _f(self): reset(self); self._terms = []
     return _f
 
 for _c in (AvgMetric, AvgLoss): _c.accumulate,_c.reset = _keep_terms(_c.accumulate),_no_terms(_c.reset)
@@ -140,7 +140,7 @@ def reduce_metrics(mets):
     for m in mets:
         if isinstance(m, AccumMetric): st.append((m.preds, m.targs))
         elif hasattr(m, 'total') and hasattr(m, 'count'):
-            terms = getattr(m, 'terms', None)
+            terms = getattr(m, '_terms', None)
             if terms==[] and m.count: terms = None # a subclass's own `accumulate`: its total only
             st.append((float(m.total), float(m.count), _dtype(m.total), terms))
         elif _sums(m): st.append({k: getattr(m, k) for k in _sums(m)})
@@ -159,6 +159,7 @@ def reduce_metrics(mets):
             if all(p[3] is not None for p in ps): m.total = functools.reduce(operator.add, [o for p in ps for o in p[3]], 0.) # bit-equal
             # else summed in float64, then kept in the metric's own dtype, as one process's running sum: the same value on every rank
             else: m.total = t[0].item() if dt is None else torch.tensor(t[0].item(), dtype=dt)
+            m._terms = [] # used: an export of the learner carries none
             m.count = int(t[1].item()) if isinstance(m.count, int) else t[1].item()
         elif _sums(m):
             for k in _sums(m): setattr(m, k, functools.reduce(_add, [p[k] for p in ps]))

@@ -174,7 +174,9 @@ report(vision=[p.detach().clone() for p in learn.model.parameters()], vis_loss=l
 df = pd.DataFrame({'a': np.random.randn(64), 'b': np.random.choice(['u','v'], 64)}); df['y'] = (df.a>0).astype(int)
 tdl = TabularDataLoaders.from_df(df, procs=[Categorify, Normalize], cat_names=['b'], cont_names=['a'], y_names='y', y_block=CategoryBlock(),
                                  bs=8, device='cpu')
-tl = tabular_learner(tdl, layers=[8], metrics=accuracy)
+from fastddp.checkpoint import Checkpoint
+import tempfile
+tl = tabular_learner(tdl, layers=[8], metrics=accuracy, path=tempfile.mkdtemp(), cbs=Checkpoint()) # it checks its stop flag each epoch
 with tl.distrib_ctx():
     tl.fit(1, 1e-2)
     if rank()==0: row = tl.predict(df.iloc[0])[2] # rank 0 alone (a row's probabilities), then a fit of every rank
