@@ -56,6 +56,7 @@ def _ends_line(fd):
 def fresh_line(f=None): # a text stream; `sys.stderr` when None
     "Begin a new line on `f`, unless it is a file that is empty or ends with one"
     f = f or sys.stderr
+    if isinstance(f, io.StringIO) and f.getvalue()[-1:] in ('', '\n'): return # one that can be read
     try:
         if _ends_line(f.fileno()): return
     except (OSError, ValueError, io.UnsupportedOperation): pass # no file behind it (a notebook's stream, no /proc): a new line

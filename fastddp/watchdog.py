@@ -113,20 +113,31 @@ _fit = [0] # this process's fits so far (`get_preds`' too)
 
 def _left_key(n): return f'fastddp/left/{n}'
 
-def leave(why:str): # what the message of a rank left waiting quotes: "cancelled it at epoch 0, batch 5 (...)"
-    "Tell the other ranks, through the store, that this rank left the current fit early, and why"
-    st = _store()
-    try:
-        if st is not None: st.append(_left_key(_fit[0]), json.dumps(dict(rank=rank(), why=why))+'\n')
+def _within(secs, f, *args):
+    "`f(*args)`, or None when it has not returned within `secs` s (a store across a link that went down answers only much later)"
+    res = []
+    t = threading.Thread(target=lambda: res.append(f(*args)), daemon=True)
+    t.start(); t.join(secs)
+    return res[0] if res else None
+
+def _append(st, k, v):
+    try: st.append(k, v)
     except RuntimeError: pass # the store's host is gone: the peers learn it by losing this rank
 
-def left():
+def leave(why:str, # what the message of a rank left waiting quotes: "cancelled it at epoch 0, batch 5 (...)"
+          wait:float=5): # seconds the store may take to take it
+    "Tell the other ranks, through the store, that this rank left the current fit early, and why"
+    st = _store()
+    if st is not None: _within(wait, _append, st, _left_key(_fit[0]), json.dumps(dict(rank=rank(), why=why))+'\n')
+
+def _said(st, k):
+    try: return [json.loads(o) for o in st.get(k).decode().splitlines()] if st.check([k]) else []
+    except RuntimeError: return [] # the store's host is gone
+
+def left(wait:float=5): # seconds the store may take to answer: none then
     "`{rank: why}` of the other ranks that left the fit this rank is in"
-    st,k = _store(),_left_key(_fit[0])
-    try:
-        if st is None or not st.check([k]): return {}
-        said = [json.loads(o) for o in st.get(k).decode().splitlines()]
-    except RuntimeError: return {} # the store's host is gone
+    st = _store()
+    said = (_within(wait, _said, st, _left_key(_fit[0])) or []) if st is not None else []
     return {o['rank']:o['why'] for o in said if o['rank']!=rank()}
 
 def left_msg(gone:dict): # `left()`'s answer
@@ -192,9 +203,8 @@ def _stalled(self:Watchdog):
     if not waiting:
         h = stall_limit(self.stall)
         lim = f"FASTDDP_STALL={self.stall:g}"+(f", {h:g} s since a stop signal" if h<self.stall else '')
-        gone = '; '.join(f"rank {r} {why}" for r,why in left().items())
         # under NCCL a rank waits for a peer that left in a host sync (the GPU waits in the collective), not in a collective
-        if gone: gone = f"; it may wait for rank(s) that left this fit early: {gone}"
+        gone = f"; it may wait for {left_msg(g)}" if (g := left()) else ''
         _fail(f"rank {rank()} made no progress for {s:.0f} s ({lim}) outside any collective, so the other ranks "
               f"wait for it: stuck at {at}; stacks of its threads: {fn}{gone}", frames)
     end = time.monotonic()+self.grace
