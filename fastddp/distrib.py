@@ -610,10 +610,11 @@ def to_distributed(self:Learner,
     return self
 
 # %% ../nbs/03_distrib.ipynb #0c13623b
+_mine = (Tune, Prefetch, Heartbeat, PadForwards) # with a plain `Preempt`: what `to_distributed` adds beside the trainer
+
 def _ddp_cbs(learn):
     "The callbacks `to_distributed` adds beside the `DistributedTrainer`: they train data-parallel, and leave with it"
-    mine = (Tune, Prefetch, Heartbeat, PadForwards)
-    return learn.cbs.filter(lambda o: isinstance(o, mine) or type(o) is Preempt) # a user's `Checkpoint` stays
+    return learn.cbs.filter(lambda o: isinstance(o, _mine) or type(o) is Preempt) # a user's `Checkpoint` stays
 
 @patch
 def detach_distributed(self:Learner,
@@ -698,8 +699,9 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     except Preempted: pre = True; raise # every rank stopped at one step, its checkpoint written: the process ends, nothing to say
     except SystemExit as e:
         # `sys.exit(0)` on this rank alone, mid-fit: the ranks left waiting for it name it
-        why = f"left it with sys.exit({e.code}) {where_left(self, e.__traceback__)}"
-        if not e.code: self.cbs.filter(lambda o: isinstance(o, Heartbeat)).map(lambda o: o.leave(why))
+        if not e.code:
+            why = f"left it with sys.exit({e.code}) {where_left(self, e.__traceback__)}"
+            self.cbs.filter(lambda o: isinstance(o, Heartbeat)).map(lambda o: o.leave(why))
         raise
     finally:
         # after a failure the other ranks may be gone: no collective
@@ -730,8 +732,7 @@ def _alone(learn):
     if not tr or any(o.sharded for o in tr): yield; return # outside the context; or a sharded forward, which every rank must join
     # `_ddp_cbs`, and `Preempt`'s subclasses too (a `Checkpoint` checks its stop flag with the other ranks after each epoch, `get_preds`'
     # too), each once: `removed_cbs` adds back what it was given
-    talk = (Tune, Prefetch, Heartbeat, PadForwards, Preempt, EpochLoss)
-    with rank_local(learn), learn.removed_cbs(learn.cbs.filter(lambda o: isinstance(o, talk))): yield
+    with rank_local(learn), learn.removed_cbs(learn.cbs.filter(lambda o: isinstance(o, (*_mine, Preempt, EpochLoss)))): yield
 
 def _on_one_rank(cls, name):
     "Make method `name` of learner class `cls` run on each rank alone inside `distrib_ctx`"

@@ -191,10 +191,15 @@ class Watchdog:
 
 # %% ../nbs/02w_watchdog.ipynb #817139a4
 @patch
+def _stacks(self:Watchdog):
+    "The training thread's stack, and the file that holds every thread's"
+    fn = Path(tempfile.gettempdir())/f'fastddp-stall-rank{rank()}-{os.getpid()}.txt'
+    return write_stacks(self.ident, fn),fn
+
+@patch
 def _stalled(self:Watchdog):
     "This rank made no progress for `stall` seconds: find out who is stuck, and end the run (False: a peer compiles, watch on)"
-    s,fn = idle(),Path(tempfile.gettempdir())/f'fastddp-stall-rank{rank()}-{os.getpid()}.txt'
-    frames = write_stacks(self.ident, fn)
+    s,(frames,fn) = idle(),self._stacks()
     waiting,at = in_collective(frames),where(frames)
     st = _store()
     try:
@@ -245,8 +250,7 @@ def _abandoned(self:Watchdog, s):
     "This rank waits in a collective (no progress for `s` s) and another rank left the fit: end the run with why it left"
     fr = sys._current_frames().get(self.ident)
     if fr is None or not in_collective(traceback.extract_stack(fr)) or not (gone := left()): return False
-    fn = Path(tempfile.gettempdir())/f'fastddp-stall-rank{rank()}-{os.getpid()}.txt'
-    frames = write_stacks(self.ident, fn)
+    frames,fn = self._stacks()
     _fail(f"rank {rank()} waited {s:.0f} s at {where(frames)} for {left_msg(gone)}; stacks: {fn}", frames)
 
 # %% ../nbs/02w_watchdog.ipynb #4ed66292
