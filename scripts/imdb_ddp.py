@@ -35,8 +35,9 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
         except offline_errors as e: raise ScriptError(f"no pretrained WT103 weights (could not download them: {type(e).__name__}: {e}): "
                                                       "they download into ~/.fastai/models once online; or pass --no-pretrained") from e
         t0 = time.time()
-        # AWD-LSTM's fine_tune leaves parameters without gradients while frozen: DDP must look for them
-        with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook, find_unused_parameters=True):
+        # Every trainable parameter gets a gradient in each step, frozen or not (a frozen one is left out of DDP's buckets, as DDP
+        # wraps the model again for each fit): no `find_unused_parameters`, whose graph walk each step would only cost time
+        with run_ctx(learn, o.dp, o.fp16, o.shard, o.shard_grads, comm_hook=o.comm_hook):
             learn.fine_tune(epochs, lr)
         finish(learn, 'imdb', epochs, time.time()-t0, len(dls.train_ds), o.out)
     run_main(_run)
