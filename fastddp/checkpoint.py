@@ -327,8 +327,9 @@ def _resumed_at(self:Checkpoint, r:Resume):
     "The random state of the step the checkpoint was written at (the loader's generator stays: it drew this epoch's order)"
     set_rng_state(self.learn, {**r.rng, 'dl': _train_dl(self.learn).rng.getstate()})
     _,rk = _smoothers(self.learn)
-    # this rank's losses of the steps done, on the device the next ones come from (`EpochLoss` stacks them all at the epoch's end)
-    if rk is not None and r.losses is not None: rk.losses = list(r.losses.to(next(self.learn.model.parameters()).device))
+    # this rank's losses of the steps done, on the device the next ones come from (`EpochLoss` stacks them all at the epoch's end):
+    # the one it trains on, not its model's (an offloaded shard's is the CPU)
+    if rk is not None and r.losses is not None: rk.losses = list(r.losses.to(learn_device(self.learn)))
 
 @patch
 def after_batch(self:Checkpoint):

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from accelerate import Accelerator
 from .core import *
 from .launch import peer_lost
-from .comm import check_hook, ddp_kwargs, register_hook, ddp_keys
+from .comm import check_hook, ddp_kwargs, register_hook, ddp_keys, CommStats
 from .eval import ExactDL, reduce_metrics
 from .epoch_loss import EpochLoss
 from .shard import Sharded, auto_units
@@ -349,6 +349,7 @@ def before_fit(self:DistributedTrainer):
     if self.opt is not None: use_foreach(self.opt) # fastai's SGD/Adam: its step as foreach ops, the same numbers (`fastddp.foreach`)
     plain_loss(self.learn.loss_func) # a flattened loss on plain tensors, the same numbers ("Flattened losses" below)
     if (self.comm_hook or self.comm_stats) and isinstance(self.learn.model, nn.parallel.DistributedDataParallel): register_hook(self)
+    elif self.comm_stats: self.learn.comm_stats = CommStats() # a model Accelerate left unwrapped (one GPU): no all-reduce to count
     if not self.step_loss and not any(isinstance(o, EpochLoss) for o in self.learn.cbs): self.learn.add_cb(EpochLoss())
 
 # %% ../nbs/03_distrib.ipynb #5a1d0c0e
@@ -487,7 +488,9 @@ def sync_buffers(m):
 def before_validate(self:DistributedTrainer):
     self.learn.dl = self._wrap_dl(self.learn.dl, ExactDL)
     self.n_valid = 0 # forwards of this pass, for `_pad_forwards`
-    self.learn.model.to(self.accelerator.device) # `validate`/`get_preds` outside `fit` have not been through `before_fit`
+    # `validate`/`get_preds` outside `fit` have not been through `before_fit`; a sharded model is where FSDP2 put it (with
+    # `shard_offload` its shards in CPU memory: a `to` would copy them to the GPU and back at every validation)
+    if self.sharded is None: self.learn.model.to(self.accelerator.device)
     sync_buffers(self.learn.model)
 
 @patch
@@ -672,7 +675,8 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     if num_distrib()>1: L(getattr(getattr(self, 'dls', None), 'loaders', [])).map(no_lm) # here, not in a `validate`'s `before_fit`
     backend = kwargs.get('backend')
     ok,lost,pre = False,False,False
-    if kwargs.get('shard') and world_size()==1: warn_once("shard: one process, nothing to shard: training unsharded")
+    # under a launcher, one rank shards over itself (FSDP2 on one device, its memory and precision); outside one nothing is sharded
+    if kwargs.get('shard') and not num_distrib(): warn_once("shard: one process, nothing to shard: training unsharded")
     # `accelerate launch --mixed_precision`: fastai's callback, at any world size, kept after the context as a `to_bf16()` would be
     mp = _launch_precision(self, in_notebook)
     cc = compile_cb(compile, kwargs, 'cuda' if on_gpu(check_backend(backend)) else 'cpu') # at any world size; undone at exit

@@ -25,7 +25,7 @@ class RankSmoothLoss(AvgSmoothLoss):
         # stays on the device: a copy to the CPU at every step would wait for the GPU. Detached first: `mean` on the loss itself would
         # add a node to the autograd graph at every step (fastai's `to_detach(loss.mean())` does). The mean of a loss that is one
         # number already is that number: no `mean` then (a kernel on a GPU, ~15 µs of the 2-core CPU's step)
-        v = learn.loss.detach()
+        v = learn.loss.detach().float() # a loss in half precision (a model run in it) meets the float32 `val` in `lerp`
         if v.dim(): v = v.mean()
         self.losses.append(v)
         self.count += 1

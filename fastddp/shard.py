@@ -138,13 +138,19 @@ def map_state(opt, f):
 
 # %% ../nbs/02h_shard.ipynb #4b747975
 def to_shard(v, p):
-    "State `v` laid out like the sharded parameter `p` (tensors of `p`'s shape; others unchanged)"
+    "State `v` laid out like the sharded parameter `p`, on `p`'s device (tensors of `p`'s shape; others unchanged)"
     if not isinstance(p, DTensor) or not isinstance(v, torch.Tensor) or isinstance(v, DTensor) or v.shape!=p.shape: return v
-    return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+    res = distribute_tensor(v, p.device_mesh, p.placements) # scattered on the mesh's device (a GPU under NCCL)
+    if res.device==p.device: return res
+    # an offloaded parameter (`shard_offload`) keeps its shard in CPU memory: its state goes there too, as the optimizer steps it there
+    return DTensor.from_local(res.to_local().to(p.device), p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
 
 def to_full(v, p=None):
     "A sharded tensor gathered whole into CPU memory (a collective); anything else unchanged"
-    return v.full_tensor().cpu() if isinstance(v, DTensor) else v
+    if not isinstance(v, DTensor): return v
+    # an offloaded shard (`shard_offload`) is in CPU memory, and NCCL gathers only on the GPU: there first (as torch's own state dicts)
+    if v.device.type!=v.device_mesh.device_type: v = v.to(v.device_mesh.device_type)
+    return v.full_tensor().cpu()
 
 # %% ../nbs/02h_shard.ipynb #d9905c02
 def _tensors(model):

@@ -55,3 +55,23 @@ def test_gpu_notebook_cells_fit_one_gpu():
             if c['cell_type']!='code' or re.search(r'^#\|\s*(cuda|multigpu|notest)\b', s, re.M): continue
             if 'run_ranks(' in s and "CUDA_VISIBLE_DEVICES=''" not in s: bad.append(f'{nb} cell {i}')
     assert not bad, bad
+
+def test_gpu_steps_budget(tmp_path, monkeypatch):
+    ("`make test-gpu` keeps within its budget (one device call): a step still running at the deadline is stopped, the table is "
+     "written after each step ends; the benchmark's rows are judged against issue 36's targets, and a host sync fails its step")
+    import time
+    T = _tool('test_gpu')
+    monkeypatch.setattr(T, 'LOGS', tmp_path)
+    cmds = dict(quick=[sys.executable, '-c', 'print("ok")'], slow=[sys.executable, '-c', 'import time; time.sleep(60)'])
+    seen,t0 = [],time.time()
+    res = T.finish([(n, 60, *T.start(n, c)) for n,c in cmds.items()], t0+5, lambda r: seen.append(sorted(r)))
+    assert res['quick'][:1]==('passed',) and res['quick'][2]=='ok' and res['slow'][0]=='FAILED (timeout)', res
+    assert time.time()-t0<15 and seen==[['quick'], ['quick', 'slow']], seen
+    row = lambda name, f, h, syncs: dict(name=name, fastddp_s=f, hand_s=h, fastddp_syncs=syncs)
+    fn = tmp_path/'bench.json'
+    fn.write_text(json.dumps(dict(rows=[row('MLP 64-512-512-10', [1.0]*5, [0.91]*5, [0]*5),
+                                        row('resnet18 at 64 px', [1.0]*5, [1.0, 1.0, 0.94, 1.0, 1.0], [0]*5)])))
+    r,detail = T.bench_verdict(fn)
+    assert r=='passed' and 'MLP 0.91 (0.91-0.91) meets 0.9' in detail and 'resnet18 1.00 (0.94-1.00) UNDER 0.98' in detail, detail
+    fn.write_text(json.dumps(dict(rows=[row('MLP 64-512-512-10', [1.0]*5, [1.0]*5, [0, 0, 1, 0, 0])])))
+    assert T.bench_verdict(fn)==('FAILED (host syncs)', 'MLP 1.00 (1.00-1.00) meets 0.9; fastddp host syncs 1')
