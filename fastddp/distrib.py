@@ -6,7 +6,8 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 'check_args', 'no_lm', 'is_torch_dl',
-           'from_torch', 'data_sample', 'same_data', 'say_accum', 'PadForwards', 'sync_buffers', 'plain_loss']
+           'from_torch', 'data_sample', 'same_data', 'say_accum', 'say_stats', 'ignore_empty', 'unignore_empty',
+           'PadForwards', 'sync_buffers', 'plain_loss']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
 import os, sys, time, atexit, inspect, difflib, pickle, cloudpickle
@@ -327,11 +328,22 @@ def say_accum(learn):
     warn_once(f"GradientAccumulation(n_acc={ga.n_acc}) counts each rank's samples: the {ws} ranks step every {ws*ga.n_acc} samples; "
               f"n_acc={ga.n_acc//ws} steps as one process does with {ga.n_acc}, and fastddp's Accumulate(k) all-reduces once per step")
 
+# %% ../nbs/03_distrib.ipynb #3d57e15b
+from fastai.callback.hook import ActivationStats
+
+def say_stats(learn):
+    "Say once that fastai's `ActivationStats` records each rank's own part of each batch on several ranks"
+    if world_size()<2 or not any(isinstance(o, ActivationStats) for o in learn.cbs): return
+    # gathering them would cost a collective per layer and step; the mean and spread of a part are close to the batch's
+    warn_once(f"ActivationStats records each rank's own part of each batch (1/{world_size()} of it): rank 0's statistics and plots "
+              "are of its part, close to one process's but not equal")
+
 # %% ../nbs/03_distrib.ipynb #446a20c6
 @patch
 def before_fit(self:DistributedTrainer):
     same_data(self.dls)
     say_accum(self.learn)
+    say_stats(self.learn)
     m = self.model
     if self._use_sync_bn():
         try: m = nn.SyncBatchNorm.convert_sync_batchnorm(m)
@@ -370,10 +382,27 @@ def _shard(self:DistributedTrainer, m):
                     f"({'ZeRO-2' if self.shard=='grads' else 'ZeRO-3'})")
     return self.learn.model
 
+# %% ../nbs/03_distrib.ipynb #9c9a827f
+def ignore_empty(m):
+    "Have DDP leave out `m`'s parameters that hold nothing; `True` if it has any (undone by `unignore_empty`)"
+    # a parameter of 0 elements has nothing to all-reduce, and one that no forward uses never gets a gradient, for which DDP's reducer
+    # then waits and fails: fastai's `TabularModel` keeps an empty `bn_cont` when there are no continuous columns, and so does
+    # `collab_learner(use_nn=True)`, built on it
+    names = [n for n,p in m.named_parameters() if p.numel()==0]
+    if not names or hasattr(m, '_ddp_params_and_buffers_to_ignore'): return False # none, or the user's own choice stands
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(m, names)
+    return True
+
+def unignore_empty(m):
+    "Undo `ignore_empty`: the module goes on, or is exported, as it was"
+    m.__dict__.pop('_ddp_params_and_buffers_to_ignore', None)
+    for o in [*m.parameters(), *m.buffers()]: o.__dict__.pop('_ddp_ignored', None)
+
 # %% ../nbs/03_distrib.ipynb #996be2a5
 @patch
 def _prepare(self:DistributedTrainer, m):
     "`m` wrapped for DDP as Accelerate chooses, or by fastddp on a shared GPU; one clear error if several ranks would train alone"
+    self.ignored = m if ignore_empty(m) else None
     if shared_gpu() and world_size()>1:
         dev,h = self.accelerator.device,self.accelerator.ddp_handler
         res = nn.parallel.DistributedDataParallel(m.to(dev), device_ids=[dev.index], **(h.to_kwargs() if h else {}))
@@ -397,6 +426,7 @@ def _mp_policy(self:DistributedTrainer):
 @patch
 def after_fit(self:DistributedTrainer):
     if not self.shard: self.learn.model = self.inner # wrapped or not; a sharded model stays sharded until the context ends
+    if getattr(self, 'ignored', None) is not None: unignore_empty(self.ignored); self.ignored = None
     self.learn.dls.loaders = self.old_dls
     self._give_workers()
     self.learn.remove_cbs([o for o in self.learn.cbs if isinstance(o, EpochLoss)])

@@ -58,7 +58,8 @@ def run_script(path, # the script to run as `__main__`
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try: record(runpy.run_path, WholeErrorFile())(path, run_name='__main__')
     except DistribError as e:
-        print(f"rank {os.environ.get('RANK', 0)}: {e}", file=sys.stderr, flush=True)
+        r = f"rank {os.environ.get('RANK', 0)}: "
+        print(str(e) if str(e).startswith(r) else r+str(e), file=sys.stderr, flush=True) # most say which rank already
         _exit(2)
     except SystemExit as e: # `sys.exit(...)` in the script: the exit code Python would give
         if e.code is None or isinstance(e.code, int): _exit(e.code or 0)

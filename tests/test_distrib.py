@@ -182,6 +182,12 @@ with tl.distrib_ctx():
     if rank()==0: row = tl.predict(df.iloc[0])[2] # rank 0 alone (a row's probabilities), then a fit of every rank
     tl.fit(1, 1e-2)
 report(tab=[p.detach().clone() for p in tl.model.parameters()], tab_loss=tl.recorder.values[-1][1], row=row if rank()==0 else None)
+# categorical columns only: fastai's model keeps an empty `bn_cont`, which no forward uses (DDP waited for its gradient)
+cdl = TabularDataLoaders.from_df(df, procs=[Categorify], cat_names=['b'], cont_names=[], y_names='y', y_block=CategoryBlock(), bs=8,
+                                 valid_idx=range(52, 64), device='cpu') # rank 0's predict drew from the random state: a fixed split
+cl = tabular_learner(cdl, layers=[8])
+with cl.distrib_ctx(): cl.fit(1, 1e-2)
+report(cat=[p.detach().clone() for p in cl.model.parameters()], cat_clean=not hasattr(cl.model, '_ddp_params_and_buffers_to_ignore'))
 # fastai's nbs/examples/train_imagenette.py: an xresnet with self-attention and Mish, ranger, label smoothing, to_fp16, MixUp,
 # fit_flat_cos, and `learn.to_distributed(gpu)`, written when the first argument was the GPU (fastai <2.7): an int, read as such
 xl = Learner(dls, xresnet18(n_out=2, act_cls=Mish, sa=1, pool=MaxPool), opt_func=partial(ranger, mom=0.9, sqr_mom=0.99, eps=1e-6, beta=0.),
@@ -193,17 +199,19 @@ report(xres=[p.detach().clone() for p in xl.model.parameters()], xres_loss=xl.re
 '''
 
 def test_vision_tabular():
-    ("A resnet with BatchNorm, a tabular learner (rank 0 alone predicting a row between two fits) and fastai's train_imagenette.py "
+    ("A resnet with BatchNorm, a tabular learner (rank 0 alone predicting a row between two fits), one with categorical columns only "
+     "and fastai's train_imagenette.py "
      "train under 2-process DDP with default arguments; "
      "sync_bn is off on CPU, said once; `to_distributed(gpu)` of fastai <2.7 reads the int as the GPU, said once")
     rs = run_ranks(VISION_TAB, n=2, launcher='fastddp')
     import torch
     # every parameter tensor equal on both ranks: DDP gives each the same averaged gradients (BatchNorm's running
     # statistics are buffers, per rank on CPU, and not compared)
-    for k in ('vision','tab','xres'):
+    for k in ('vision','tab','xres','cat'):
         a,b = rs[0][k],rs[1][k]
         assert len(a)==len(b)>0 and all(torch.equal(x,y) for x,y in zip(a,b)), k
     assert all(o['vis_loss']==o['vis_loss'] and o['tab_loss']==o['tab_loss'] and o['xres_loss']==o['xres_loss'] for o in rs) # no NaN
+    assert all(o['cat_clean'] for o in rs) # the model as it was after the fit (DDP's list of what to leave out taken back)
     assert rs[0]['row'].shape==(2,) and rs[1]['row'] is None # `predict` on rank 0 alone inside the context (it waited for rank 1)
     assert rs.out.count("sync_bn is off on CPU")==1, rs.out[-2000:]
     assert rs.out.count("to_distributed(0): since fastai 2.7 the first argument is sync_bn")==1, rs.out[-2000:]
