@@ -7,10 +7,10 @@ Docs: https://fastddp.github.io/fastddp/distrib.html.md"""
 # %% auto #0
 __all__ = ['setup_distrib', 'teardown_distrib', 'leave_at_exit', 'rank0_first', 'check_args', 'no_lm', 'is_torch_dl',
            'from_torch', 'data_sample', 'same_data', 'say_accum', 'say_stats', 'ignore_empty', 'unignore_empty',
-           'PadForwards', 'sync_buffers', 'plain_loss']
+           'PadForwards', 'sync_buffers', 'plain_loss', 'no_grad_names']
 
 # %% ../nbs/03_distrib.ipynb #73e472f3
-import os, sys, time, atexit, inspect, difflib, pickle, cloudpickle
+import os, sys, re, time, atexit, inspect, difflib, pickle, cloudpickle
 from functools import wraps
 from types import MethodType
 import torch, torch.distributed as dist
@@ -687,6 +687,18 @@ def _launch_precision(learn, in_notebook=False):
     warn_once(f"Accelerate's mixed precision {amp.value}: training with fastai's to_{amp.value}() inside distrib_ctx")
     return MixedPrecision(amp_mode=amp)
 
+# %% ../nbs/03_distrib.ipynb #4ea6c5b4
+def no_grad_names(m, # the model DDP wrapped (or its module)
+                  msg:str): # DDP's error
+    "The names of the parameters that DDP's error `msg` lists by index as having got no gradient (`[]` when it lists none)"
+    found = re.search(r'did not receive grad for rank \d+: ([\d ]+)', msg)
+    if found is None: return []
+    ign = set(getattr(m, 'parameters_to_ignore', ()))
+    m = getattr(m, 'module', m)
+    # DDP's indices count the parameters it reduces: the trainable ones it does not ignore, in the module's order, each once
+    ps = [n for n,p in m.named_parameters() if p.requires_grad and n not in ign]
+    return [ps[int(i)] for i in found.group(1).split() if int(i)<len(ps)]
+
 # %% ../nbs/03_distrib.ipynb #2fd1f94f
 @patch
 @contextmanager
@@ -724,7 +736,9 @@ def distrib_ctx(self:Learner, sync_bn:bool=None, in_notebook:bool=False, # Start
     except RuntimeError as e:
         # DDP's own message is a paragraph; the one thing to do is to pass the option through `distrib_ctx`
         if 'find_unused_parameters' in str(e):
-            raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use): "
+            ns = no_grad_names(self.model, str(e))
+            which = f": {', '.join(ns[:8])}{' ...' if len(ns)>8 else ''}" if ns else ''
+            raise DistribError(f"rank {rank()}: some parameters got no gradient in this step (a branch the model did not use{which}): "
                                "pass find_unused_parameters=True to distrib_ctx") from e
         # a peer that left the fit early and ended: a launcher sees no failure in its exit, so this rank names it
         if peer_lost(str(e)) and (gone := left()): raise DistribError(f"rank {rank()} lost {left_msg(gone)}") from e

@@ -196,6 +196,15 @@ xl.to_distributed(local_rank())
 xl.fit_flat_cos(1, 1e-2, wd=1e-2, cbs=MixUp(0.2))
 xl.detach_distributed()
 report(xres=[p.detach().clone() for p in xl.model.parameters()], xres_loss=xl.recorder.values[-1][1])
+# a branch no forward uses: DDP stops at the next step, and the message names what got no gradient
+class Two(nn.Module):
+    def __init__(self): super().__init__(); self.a,self.b = nn.Linear(2,1),nn.Linear(2,1)
+    def forward(self, x): return self.a(x)
+xy = list(zip(torch.randn(16,2), torch.randn(16,1)))
+ul = Learner(DataLoaders(DataLoader(xy, bs=4), DataLoader(xy, bs=4), device='cpu'), Two(), loss_func=MSELossFlat())
+try:
+    with ul.distrib_ctx(): ul.fit(1)
+except DistribError as e: report(unused=str(e))
 '''
 
 def test_vision_tabular():
@@ -211,6 +220,8 @@ def test_vision_tabular():
         a,b = rs[0][k],rs[1][k]
         assert len(a)==len(b)>0 and all(torch.equal(x,y) for x,y in zip(a,b)), k
     assert all(o['vis_loss']==o['vis_loss'] and o['tab_loss']==o['tab_loss'] and o['xres_loss']==o['xres_loss'] for o in rs) # no NaN
+    msg = "no gradient in this step (a branch the model did not use: b.weight, b.bias): pass find_unused_parameters=True"
+    assert all(msg in o['unused'] for o in rs), [o.get('unused') for o in rs]
     assert all(o['cat_clean'] for o in rs) # the model as it was after the fit (DDP's list of what to leave out taken back)
     assert rs[0]['row'].shape==(2,) and rs[1]['row'] is None # `predict` on rank 0 alone inside the context (it waited for rank 1)
     assert rs.out.count("sync_bn is off on CPU")==1, rs.out[-2000:]
