@@ -29,13 +29,12 @@ def rank_block(n:int, # items in the epoch's order
 # %% ../nbs/02a_eval.ipynb #881ee5f2
 @patch
 def get_idxs(self:DistributedDL):
-    "This rank's block of rank 0's order, padded by repeating items so that every rank takes the same number of steps"
+    "Every `world_size`-th item of rank 0's order from this rank's on, padded so that every rank takes the same number of steps"
     idxs = self._broadcast(list(self.dl.get_idxs()), 0) # every rank uses rank 0's (shuffled) order
     self.n = len(idxs)
     self.n_padded = -(-self.n//self.world_size)*self.world_size
     idxs += (idxs*(self.n_padded//max(self.n,1)))[:self.n_padded-self.n] # repeated when n_padded>>n; fastai divided by n=0
-    m = self.n_padded//self.world_size
-    return idxs[self.rank*m:(self.rank+1)*m]
+    return idxs[self.rank::self.world_size] # torch's `DistributedSampler` split: a step's batches are one process's, together
 
 # %% ../nbs/02a_eval.ipynb #a49cc8e4
 @patch
@@ -44,6 +43,21 @@ def __len__(self:DistributedDL):
     m = -(-self.dl.n//self.world_size)
     if self.bs is None: return m
     return m//self.bs if self.drop_last else -(-m//self.bs)
+
+# %% ../nbs/02a_eval.ipynb #63895f33
+@patch
+def to_detach(self:DistributedDL, b, cpu=True, gather=True):
+    "fastai's: this step's batches gathered from the ranks, without the padding that `get_idxs` dealt out last"
+    b = self._to_detach(b, cpu, gather)
+    if not gather or not all(hasattr(self, o) for o in ('i','n','n_padded')): return b
+    ws = self.world_size
+    def _inner(t):
+        if t.ndim==0 or len(t)%ws: return t
+        k = len(t)//ws # each rank's batch, the ranks' in order
+        pos = torch.arange(self.i-k, self.i)[None]*ws+torch.arange(ws)[:,None] # each item's place in the padded order
+        keep = (pos<self.n).flatten()
+        return t if keep.all() else t[keep.to(t.device)]
+    return apply(_inner, b)
 
 # %% ../nbs/02a_eval.ipynb #47d180ba
 @patch(as_prop=True)

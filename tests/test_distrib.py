@@ -38,9 +38,7 @@ report(w=learn.model.weight.detach().clone(), model=type(learn.model).__name__, 
        cbs=[type(o).__name__ for o in learn.cbs])
 if rank()==0:
     m = -(-n//ws)
-    pad = (list(range(n))*2)[:m*ws]
-    blocks = [pad[r*m:(r+1)*m] for r in range(ws)]
-    order = [i for s in range(0,m,bs) for b in blocks for i in b[s:s+bs]]
+    order = (list(range(n))*2)[:m*ws] # one process's order, with the items the ranks repeat to take equal shares
     ref = mk([dsets[i] for i in order], bs*ws)
     ref.fit(2)
     report(ref=ref.model.weight.detach().clone(), ref_losses=[float(o) for o in ref.recorder.losses], ref_vals=ref.recorder.values)
@@ -390,16 +388,8 @@ report(w=[p.detach().clone() for p in learn.model.parameters()], ys=seen.ys, pf=
 learn,seen = mk(DistributedSampler(seqs, shuffle=False), bs, 0),Seen()
 with learn.distrib_ctx(): learn.fit(1, cbs=seen)
 report(dist_ys=seen.ys)
-if rank()==0: # one process, batch ws*bs: each step the ranks' blocks of rank 0's draw side by side, drawn by the same sampler
-    g2,orders = torch.Generator().manual_seed(0),[]
-    for _ in range(2):
-        o = list(WeightedRandomSampler(w, 16, generator=g2)); m = len(o)//ws
-        orders.append([i for s in range(0, m, bs) for r in range(ws) for i in o[r*m:(r+1)*m][s:s+bs]])
-    class Orders(Sampler):
-        def __init__(self): self.e = 0
-        def __len__(self): return 16
-        def __iter__(self): self.e += 1; return iter(orders[self.e-1])
-    ref = mk(Orders(), bs*ws, 0)
+if rank()==0: # one process, batch ws*bs, the same sampler with the same seed
+    ref = mk(WeightedRandomSampler(w, 16, generator=torch.Generator().manual_seed(0)), bs*ws, 0)
     ref.fit(2)
     report(ref=[p.detach().clone() for p in ref.model.parameters()], ref_vals=ref.recorder.values)
 '''
