@@ -20,7 +20,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from .core import *
 from .watchdog import beat
-from .shard import is_sharded
+from .shard import is_sharded, reshard
 from .memory import holder, state_dicts, opt_to_params
 from .preempt import Preempt
 from .stream import is_stream
@@ -136,6 +136,9 @@ def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the sha
         if tmp.exists(): shutil.rmtree(tmp) # a write that died half-way
         tmp.mkdir(parents=True)
     dist.barrier()
+    # after a validation (forwards, no backward) ZeRO-2 (`shard='grads'`) still holds the whole weights: the shards are saved, and the
+    # optimizer's state is keyed by them
+    reshard(learn.model)
     ent = _opt_entries(learn)
     # DCP writes one copy of a tensor that is not sharded (a buffer), from the rank with the least to write by default. On CPU each
     # rank keeps its own BatchNorm statistics, and at the next forward every rank takes rank 0's, as DDP does: write rank 0's

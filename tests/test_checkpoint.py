@@ -114,6 +114,15 @@ def test_sharded_resume(tmp_path, ref, marker):
     assert bad.rc!=0 and "written mid-epoch by 2 rank(s) and this run has 3" in bad.out, bad.out[-2000:]
     assert not wait_gone(marker, 10)
 
+def test_zero2_resume(tmp_path, ref, marker):
+    ("ZeRO-2 (shard='grads'): its checkpoints hold the shards, though each validation leaves the whole weights gathered; a rank killed "
+     "mid-epoch resumes to the uninterrupted weights, bit for bit")
+    import torch
+    rs = run_ranks(SCK.replace("shard=True", "shard='grads'"), n=2, args=[tmp_path/'run', 'die', 4, marker], largs=['--max-restarts', '1'])
+    assert [o['restart'] for o in rs]==['1','1'] and "ckpt_e0001_s000002.dcp" in rs.out, rs.out[-2000:]
+    for o in rs: assert torch.equal(_flat(o['w']), ref[0])
+    assert not wait_gone(marker, 10)
+
 # One process on a GPU: every 3 steps, killed mid-epoch (after the 13th of 10-step epochs), then the same command again
 CUDA = '''
 import sys, os
