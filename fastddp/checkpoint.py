@@ -9,7 +9,7 @@ __all__ = ['rng_state', 'set_rng_state', 'data_sig', 'write_tmp', 'commit_tmp', 
            'save_sharded', 'load_sharded', 'Resumed', 'Resume', 'Checkpoint']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
-import os, sys, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
+import os, sys, time, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
 import torch.distributed as dist, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.tensor import DTensor
@@ -265,7 +265,7 @@ def before_fit(self:Checkpoint):
     self.fitting = not validating(self.learn)
     if not self.fitting: return
     self.data = data_sig(self.dls.train) # kept in each checkpoint, compared at resume
-    if not self.resume: return
+    if not self.resume: return self._set_aside() if self.n_fit==0 else None
     f,st = load_latest(self.dir)
     fit = (st or {}).get('fit', 0)
     if st is None or fit<self.n_fit: return # nothing yet, or a checkpoint of an earlier fit: this one starts
@@ -296,6 +296,24 @@ def before_fit(self:Checkpoint):
     if not same: warn_once(f"{f.name} was written by {st['ws']} rank(s) and this run has {world_size()}: continuing, with the data order "
                            "re-sharded (and the global batch changed): not bit-equal to an uninterrupted run"
                            +(f"; the epoch goes on after step {st['iter']} of the new sharding" if st['iter'] else ""))
+
+# %% ../nbs/03a_checkpoint.ipynb #0b4a9cd9
+@patch
+def _set_aside(self:Checkpoint):
+    "Starting over (`resume=False`): another run's checkpoints in `dir` go to a folder of their own, where none outranks this run's"
+    # left there, the newest names would be theirs: this run's would be pruned as older, and the next run would resume theirs
+    old = checkpoints(self.dir)+sorted(self.dir.glob('ckpt_*.tmp'))
+    if old and is_rank0():
+        to = self.dir/time.strftime('old-%Y%m%d-%H%M%S')
+        to.mkdir(exist_ok=True)
+        for o in old: o.rename(to/o.name)
+        rank0_print(f"fastddp: starting over (resume=False): the {len(old)} checkpoint(s) in {self.dir} moved to {to}")
+    distrib_barrier() # no rank writes before they are moved
+
+@patch
+def _again(self:Checkpoint):
+    "How to resume from the checkpoint a preemption wrote"
+    return "the same command resumes" if self.resume else "the same command without resume=False (--no-resume) resumes"
 
 # %% ../nbs/03a_checkpoint.ipynb #a2733260
 @patch

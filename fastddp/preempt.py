@@ -237,13 +237,16 @@ def after_fit(self:Preempt):
 def _requeue(self:Preempt): pass # `Checkpoint`: requeue the SLURM job
 
 @patch
+def _again(self:Preempt): return "the same command resumes" # `Checkpoint(resume=False)` says otherwise
+
+@patch
 def _exit(self:Preempt):
     "One line from rank 0, then `Preempted`"
     st = self.stop
     code = PREEMPTED if st['ckpt'] else 128+signal.Signals[st['sig'].split('+')[0]].value
     where = f"{st['sig']}: every rank stopped at epoch {st['epoch']}, step {st['it']}"
     if st['ckpt']: msg = (f"; checkpoint {st['ckpt']} written in {st['write']:.2f} s, {st['secs']:.2f} s and {st['steps']} step(s) "
-                          f"after the signal; exit code {code}: the same command resumes")
+                          f"after the signal; exit code {code}: {self._again()}")
     else: msg = f"; no checkpoint (add Checkpoint() to resume from here); exit code {code}"
     if is_rank0(): fresh_line() # the fit stopped mid-epoch: its progress bar's line is open
     rank0_print(f"fastddp: {where}{msg}", file=sys.stderr)

@@ -98,6 +98,12 @@ def test_script_checkpoint(tmp_path):
     assert p.returncode==0 and "no epoch left to train" in p.stdout+p.stderr, p.stderr[-2000:]
     p = subprocess.run(base+['--epochs', '1', '--no-resume', '--dp', '--out', str(tmp_path/'o')], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr, p.stderr[-2000:]
+    # the earlier run's checkpoints set aside, where they outrank none of this run's (it would have pruned its own, and the next run
+    # resumed theirs)
+    assert f"starting over (resume=False): the 2 checkpoint(s) in {tmp_path/'ck'} moved to {tmp_path/'ck'/'old-'}" in p.stdout+p.stderr
+    assert sorted(o.name for o in (tmp_path/'ck').glob('ckpt_*'))==['ckpt_e0001_s000000.pth']
+    old = [sorted(o.name for o in d.iterdir()) for d in (tmp_path/'ck').glob('old-*')]
+    assert old==[['ckpt_e0002_s000000.pth', 'ckpt_e0003_s000000.pth']], old
     assert json.loads((tmp_path/'o'/'metrics.json').read_text())['wrapper']=='DataParallel'
     assert "DataParallel without a GPU is a pass-through" in p.stdout+p.stderr
 
