@@ -6,7 +6,7 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'data_sig', 'write_tmp', 'commit_tmp', 'save_atomic', 'checkpoints', 'load_latest',
-           'save_sharded', 'load_sharded', 'Resumed', 'Resume', 'Checkpoint']
+           'save_sharded', 'load_sharded', 'Resumed', 'Resume', 'Checkpoint', 'warm_buckets']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, time, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
@@ -340,6 +340,7 @@ def before_train(self:Checkpoint):
             self.learn.dl = Resumed(self.dl, r.step, partial(self._resumed_at, r))
         else: set_rng_state(self.learn, r.rng)
         if r.train_iter is not None: self.learn.train_iter = r.train_iter
+        self.warm = bool(r.train_iter) # the fit's DDP model is new, and the fit's first step was before the restart
         r.phase = 'training'
     if self.fitting: self.rng0 = rng_state(self.learn) # as this epoch begins: what a resume from this epoch draws its order from
 
@@ -376,6 +377,28 @@ def after_fit(self:Checkpoint):
     try: super(Checkpoint, self).after_fit() # a signal's checkpoint is still this fit's
     finally:
         if self.fitting: self.n_fit += 1
+
+# %% ../nbs/03a_checkpoint.ipynb #41938425
+def warm_buckets(learn):
+    "A step of no effect through `learn`'s DDP model on its batch: DDP then lays out its gradient buckets as after a fit's first step"
+    m,dev = learn.model,learn_device(learn)
+    mod = get_model(m)
+    bufs = [b.detach().clone() for b in mod.buffers()]
+    with torch.random.fork_rng(devices=[dev] if dev.type=='cuda' else []): # dropout draws nothing from the run's random state
+        out = m(*learn.xb)
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, Tensor) and o.requires_grad]
+        if outs: sum(o.float().sum() for o in outs).mul(0).backward() # every rank all-reduces zeros in the first layout
+    with torch.no_grad():
+        for b,c in zip(mod.buffers(), bufs): b.copy_(c)
+    for p in mod.parameters(): p.grad = None
+
+@patch
+def before_batch(self:Checkpoint):
+    "The first step of a fit resumed in its middle: its DDP buckets laid out as the uninterrupted fit's were by then, from 3 ranks on"
+    if not (self.training and self.__dict__.pop('warm', False)): return
+    tr = self.learn.__dict__.get('distributed_trainer')
+    hooked = getattr(tr, 'comm_hook', None) or getattr(tr, 'comm_stats', False) # a hook's state (PowerSGD's) or count would see it
+    if world_size()>2 and isinstance(self.learn.model, nn.parallel.DistributedDataParallel) and not hooked: warm_buckets(self.learn)
 
 # %% ../nbs/03a_checkpoint.ipynb #fdd7d0b1
 @patch

@@ -471,7 +471,7 @@ def _share_workers(self:DistributedTrainer):
                       "pass num_workers= to choose")
             self.old_workers.append((fl, fl.num_workers))
             fl.num_workers = w
-        elif nproc*(1+fl.num_workers)>n:
+        elif nproc*(1+fl.num_workers)>n and fl.num_workers>w: # fewer workers would help: 0 cannot be fewer
             warn_once(f"num_workers={fl.num_workers}: {nproc} ranks × (1 + {fl.num_workers} workers) = {nproc*(1+fl.num_workers)} "
                       f"processes on {n} CPUs, which slows every rank; num_workers={w} fits (or leave num_workers out)")
 
