@@ -374,6 +374,7 @@ def after_fit(self:Checkpoint):
         if self.learn.logger is _quiet: self.learn.logger = self.logger_
         # resumed at the end of this fit, nothing left to train: the random state it ended with, for what follows (`fine_tune`'s 2nd fit)
         if r.phase=='skip epochs' and r.rng is not None: set_rng_state(self.learn, r.rng)
+        if r.phase=='skip epochs' and r.train_iter is not None: self.learn.train_iter = r.train_iter # and the steps it had taken
     try: super(Checkpoint, self).after_fit() # a signal's checkpoint is still this fit's
     finally:
         if self.fitting: self.n_fit += 1
