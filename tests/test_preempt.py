@@ -219,7 +219,8 @@ def test_failed_fit(tmp_path, how, marker):
     if how=='one': assert rs.rc==1 and "ValueError: bad item 100" in rs.out, rs.out[-3000:]
     if how=='term': assert rs.rc==-signal.SIGTERM and rs[0] is None, rs.out[-3000:]
     if how=='ranks': # the worker's own error, in the launcher's line
-        assert rs.rc==1 and "failed: exit code 1: ValueError: bad item 100 (in DataLoader worker process 0)" in rs.out, rs.out[-3000:]
+        # item 100 is rank 0's 51st (each rank every other item), in its 4th batch of 16: made by the second worker
+        assert rs.rc==1 and "failed: exit code 1: ValueError: bad item 100 (in DataLoader worker process 1)" in rs.out, rs.out[-3000:]
     assert "killed by signal" not in rs.out and "Exception ignored" not in rs.out, rs.out[-3000:]
     assert not wait_gone(marker, 10), f"left running after {took:.0f} s"
 

@@ -96,6 +96,9 @@ def test_script_checkpoint(tmp_path):
     assert "written by a fit of 2 epoch(s) and this one has 3" in p.stdout+p.stderr # one cycle of 3 epochs is not one of 2
     p = subprocess.run(base+['--epochs', '3'], capture_output=True, text=True, env=env) # the finished run again: its numbers, no speed
     assert p.returncode==0 and "no epoch left to train" in p.stdout+p.stderr, p.stderr[-2000:]
+    p = subprocess.run(base+['--epochs', '3', '--lr', '0.05', '--bs', '32'], capture_output=True, text=True, env=env) # another run's
+    assert "written by a fit that set lr otherwise (another learning rate?)" in p.stderr, p.stderr[-2000:]
+    assert "written by a fit of 5 steps an epoch on each rank and this one has 10 (another batch size?)" in p.stderr, p.stderr[-2000:]
     p = subprocess.run(base+['--epochs', '1', '--no-resume', '--dp', '--out', str(tmp_path/'o')], capture_output=True, text=True, env=env)
     assert p.returncode==0 and "resuming from" not in p.stdout+p.stderr, p.stderr[-2000:]
     # the earlier run's checkpoints set aside, where they outrank none of this run's (it would have pruned its own, and the next run
