@@ -330,7 +330,7 @@ def _set_aside(self:Checkpoint):
 @patch
 def _again(self:Checkpoint):
     "How to resume from the checkpoint a preemption wrote"
-    return "the same command resumes" if self.resume else "the same command without resume=False (--no-resume) resumes"
+    return Preempt._again(self) if self.resume else "the same command without resume=False (--no-resume) resumes"
 
 # %% ../nbs/03a_checkpoint.ipynb #a2733260
 @patch
@@ -413,7 +413,8 @@ def warm_buckets(learn):
 @patch
 def before_batch(self:Checkpoint):
     "The first step of a fit resumed in its middle: its DDP buckets laid out as the uninterrupted fit's were by then, from 3 ranks on"
-    if not (self.training and self.__dict__.pop('warm', False)): return
+    if not self.__dict__.get('warm') or not self.training: return # a dict lookup first: this runs at every step
+    del self.warm
     tr = self.learn.__dict__.get('distributed_trainer')
     hooked = getattr(tr, 'comm_hook', None) or getattr(tr, 'comm_stats', False) # a hook's state (PowerSGD's) or count would see it
     if world_size()>2 and isinstance(self.learn.model, nn.parallel.DistributedDataParallel) and not hooked: warm_buckets(self.learn)

@@ -51,6 +51,7 @@ def to_detach(self:DistributedDL, b, cpu=True, gather=True):
     b = self._to_detach(b, cpu, gather)
     if not gather or not all(hasattr(self, o) for o in ('i','n','n_padded')): return b
     ws = self.world_size
+    if self.i*ws<=self.n: return b # no padding read yet: it comes last, in the last batches only
     def _inner(t):
         if t.ndim==0 or len(t)%ws: return t
         k = len(t)//ws # each rank's batch, the ranks' in order

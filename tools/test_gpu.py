@@ -129,9 +129,9 @@ def main():
         if why: rows[name] = ('not run', 0., why)
     todo,deadline = [o for o in sts if o[0] not in rows],t0+BUDGET
     order = ['install (offline)']+[o[0] for o in sts] # the table in the steps' order, whenever each ended
-    def summary(res={}):
+    def summary(res=None):
         "The table so far, written after each step: a run cut short still leaves it"
-        rs = {**rows, **res}
+        rs = {**rows, **(res or {})}
         ls = [f"make test-gpu on {card}, torch {torch.__version__}, Python {sys.version.split()[0]}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.time()-t0:.0f} s in all; logs in {LOGS}",
               '', '| step | result | seconds | detail |', '|---|---|---|---|']
