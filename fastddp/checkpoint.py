@@ -6,10 +6,11 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'data_sig', 'fit_plan', 'write_tmp', 'commit_tmp', 'save_atomic', 'checkpoints',
-           'load_latest', 'save_sharded', 'load_sharded', 'Resumed', 'Resume', 'Checkpoint', 'warm_buckets']
+           'load_latest', 'save_sharded', 'load_sharded', 'Resumed', 'lock_dir', 'unlock_dir', 'Resume', 'Checkpoint',
+           'saved_shapes', 'state_mismatch', 'synced', 'warm_buckets']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
-import os, sys, time, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
+import os, sys, time, errno, fcntl, socket, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
 import torch.distributed as dist, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.tensor import DTensor
@@ -209,6 +210,38 @@ def all_batches(self:Learner):
     self.n_iter = len(self.dl)
     for o in enumerate(self.dl, self.dl.start if isinstance(self.dl, Resumed) else 0): self.one_batch(*o)
 
+# %% ../nbs/03a_checkpoint.ipynb #c3356caa
+_held = {} # the checkpoint folders this process holds: `{folder: its open lock file}`
+
+def lock_dir(d) -> str:
+    "Lock the checkpoint folder `d` for this process: '' once it holds it (or the file system has no locks), else who holds it"
+    d = Path(d).resolve()
+    if d in _held: return ''
+    d.mkdir(parents=True, exist_ok=True)
+    while True:
+        fh = open(d/'.lock', 'a+')
+        try: fcntl.lockf(fh, fcntl.LOCK_EX|fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN): fh.close(); return '' # no locks here (ENOLCK, EOPNOTSUPP): unlocked
+            fh.seek(0); who = fh.read().strip() # its holder wrote who it is
+            fh.close()
+            return who or 'another process'
+        try: same = os.fstat(fh.fileno()).st_ino==os.stat(d/'.lock').st_ino
+        except FileNotFoundError: same = False
+        if same: break
+        fh.close() # the file its last holder removed as it let go: a lock on it locks nothing
+    fh.seek(0); fh.truncate()
+    fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"); fh.flush()
+    _held[d] = fh
+    return ''
+
+def unlock_dir(d):
+    "Let go of the lock `lock_dir` took on the folder `d`, and remove its file"
+    fh = _held.pop(Path(d).resolve(), None)
+    if fh is None: return
+    os.unlink(fh.name) # first, still holding it: a run that opens it next makes a new one
+    fh.close()
+
 # %% ../nbs/03a_checkpoint.ipynb #597169bd
 @dataclass
 class Resume:
@@ -243,6 +276,21 @@ class Checkpoint(Preempt):
     @property
     def dir(self): return Path(self.learn.path)/self.path
 
+# %% ../nbs/03a_checkpoint.ipynb #47803bf9
+def saved_shapes(f, st):
+    "`{name: shape}` of the model's entries in the checkpoint `st` read from `f` (a file, or a sharded checkpoint's folder)"
+    if not f.is_dir(): return {k: tuple(v.shape) if isinstance(v, Tensor) else () for k,v in st['model'].items()}
+    md = dcp.FileSystemReader(f).read_metadata().state_dict_metadata # sharded: the whole shapes, from DCP's metadata
+    return {k[6:]: tuple(getattr(v, 'size', ())) for k,v in md.items() if k.startswith('model.')}
+
+def state_mismatch(model, saved:dict):
+    "What `model`'s state and a checkpoint's `saved` shapes disagree on, in a few words; '' when the checkpoint fits"
+    own = {k: tuple(v.shape) if isinstance(v, Tensor) else () for k,v in get_model(model).state_dict().items()}
+    ks = dict(missing=[k for k in own if k not in saved], unexpected=[k for k in saved if k not in own],
+              shaped=[f"{k} {list(saved[k])} not {list(own[k])}" for k in own if k in saved and saved[k]!=own[k]])
+    what = dict(missing="of this model's entries not in it", unexpected='entries this model lacks', shaped='of another shape')
+    return '; '.join(f"{len(v)} {what[k]} ({', '.join(v[:3])}{', ...' if len(v)>3 else ''})" for k,v in ks.items() if v)
+
 # %% ../nbs/03a_checkpoint.ipynb #777a48ee
 @patch
 def _load(self:Checkpoint, f, st):
@@ -257,6 +305,9 @@ def _load(self:Checkpoint, f, st):
         get_model(self.learn.model).load_state_dict(st['model']) # copied into the parameters and buffers, on their device
         self.opt.load_state_dict(st['opt'])
         opt_to_params(self.opt)
+        if st.get('grads') is not None and st['ws']==world_size(): # this rank's micro-batches since the last optimizer step
+            own = st['grads'][rank()]
+            for n,p in get_model(self.learn.model).named_parameters(): p.grad = own[n].to(p.device) if n in own else None
     # `GradScaler`'s state is numbers; its scale tensor, if it has one yet, is filled where it is
     if st.get('scaler') is not None and getattr(self.learn, 'scaler', None) is not None: self.learn.scaler.load_state_dict(st['scaler'])
     if st.get('ddp_tuning') is not None: self.learn.ddp_tuning = st['ddp_tuning'] # `fastddp.tune` applies it without measuring again
@@ -273,12 +324,25 @@ def before_fit(self:Checkpoint):
     # `validate` and `get_preds` send `before_fit` too, holding `learn.lock` (a fit does not): they neither load nor save
     self.fitting = not validating(self.learn)
     if not self.fitting: return
+    self._lock() # before anything in the folder is read or moved
+    try: self._start()
+    except BaseException: # a checkpoint of another model, a signal: no `after_fit` comes to let go of the lock
+        unlock_dir(self.dir)
+        raise
+
+@patch
+def _start(self:Checkpoint):
+    "Note what the fit trains on, then resume from the folder's newest checkpoint, skip a fit done before the restart, or start"
     self.data = data_sig(self.dls.train) # kept in each checkpoint, compared at resume
     self.plan,self.steps = fit_plan(self.learn),len(self.dls.train) # the same
     if not self.resume: return self._set_aside() if self.n_fit==0 else None
     f,st = load_latest(self.dir)
     fit = (st or {}).get('fit', 0)
     if st is None or fit<self.n_fit: return # nothing yet, or a checkpoint of an earlier fit: this one starts
+    if bad := state_mismatch(self.learn.model, saved_shapes(f, st)): # said before torch's load lists every key, without the file
+        raise DistribError(f"{f} was written by another model ({bad}): another --arch or size? Resume it with the model that wrote "
+                           "it, or start over with Checkpoint(resume=False), --no-resume in the example scripts (it sets these "
+                           "checkpoints aside), or checkpoint into another folder")
     if fit>self.n_fit: # written by a later fit (`fine_tune`'s second): this one was done before the restart
         rank0_print(f"fastddp: resuming: fit {self.n_fit+1} was done before the restart ({f.name} is fit {fit+1}'s)")
         return self._skip(Resume(self.n_epoch, phase='skip epochs'))
@@ -292,9 +356,10 @@ def before_fit(self:Checkpoint):
                       pick('losses') if same else None, 'skip epochs'))
     rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
     k = _accum(self.learn)
-    if st.get('train_iter') and st['train_iter']%k:
+    if st.get('train_iter') and st['train_iter']%k and (st.get('grads') is None or not same):
+        why = "not in it (a sharded run's are not saved)" if st.get('grads') is None else f"those of {st['ws']} rank(s)"
         warn_once(f"{f.name} was written at an epoch's end {st['train_iter']%k} micro-batch(es) after the last optimizer step of "
-                  f"Accumulate({k}): their gradients are not in it, so the run is not bit-equal to an uninterrupted one (epochs of a "
+                  f"Accumulate({k}): their gradients are {why}, so the run is not bit-equal to an uninterrupted one (epochs of a "
                   f"multiple of {k} steps avoid it)")
     if None not in (self.data, st.get('data')) and self.data!=st['data']:
         warn_once(f"the items this run trains on differ from those of the run that wrote {f.name}: a split drawn without a seed? "
@@ -328,6 +393,14 @@ def _set_aside(self:Checkpoint):
     distrib_barrier() # no rank writes before they are moved
 
 @patch
+def _lock(self:Checkpoint):
+    "Rank 0 holds the folder's lock for the fit; every rank stops when another run holds it"
+    who = all_gather_list(lock_dir(self.dir) if is_rank0() else '')[0]
+    if who: raise DistribError(f"another run is checkpointing into {self.dir} ({who}): two runs in one folder would prune and resume "
+                               "each other's checkpoints. Let it end (or stop it), or give this run a folder of its own "
+                               "(Checkpoint(path=), --checkpoint in the example scripts)")
+
+@patch
 def _again(self:Checkpoint):
     "How to resume from the checkpoint a preemption wrote"
     return Preempt._again(self) if self.resume else "the same command without resume=False (--no-resume) resumes"
@@ -357,7 +430,8 @@ def before_train(self:Checkpoint):
             self.learn.dl = Resumed(self.dl, r.step, partial(self._resumed_at, r))
         else: set_rng_state(self.learn, r.rng)
         if r.train_iter is not None: self.learn.train_iter = r.train_iter
-        self.warm = bool(r.train_iter) # the fit's DDP model is new, and the fit's first step was before the restart
+        # the fit's DDP model is new, and the fit's first reducing step (`Accumulate(k)`'s k-th micro-batch) was before the restart
+        self.warm = (r.train_iter or 0)>=_accum(self.learn)
         r.phase = 'training'
     if self.fitting: self.rng0 = rng_state(self.learn) # as this epoch begins: what a resume from this epoch draws its order from
 
@@ -394,21 +468,34 @@ def after_fit(self:Checkpoint):
         if r.phase=='skip epochs' and r.train_iter is not None: self.learn.train_iter = r.train_iter # and the steps it had taken
     try: super(Checkpoint, self).after_fit() # a signal's checkpoint is still this fit's
     finally:
-        if self.fitting: self.n_fit += 1
+        if self.fitting:
+            self.n_fit += 1
+            unlock_dir(self.dir) # rank 0's
 
 # %% ../nbs/03a_checkpoint.ipynb #41938425
+@contextmanager
+def synced(m):
+    "In this block DDP's `m` reduces the gradients of a backward even inside `no_sync` (`Accumulate`'s micro-batches); others as they are"
+    if not hasattr(m, 'require_backward_grad_sync'): yield; return # not DDP
+    sync,m.require_backward_grad_sync = m.require_backward_grad_sync,True # the flag `no_sync` sets, and sets back as it exits
+    try: yield
+    finally: m.require_backward_grad_sync = sync
+
 def warm_buckets(learn):
     "A step of no effect through `learn`'s DDP model on its batch: DDP then lays out its gradient buckets as after a fit's first step"
     m,dev = learn.model,learn_device(learn)
     mod = get_model(m)
     bufs = [b.detach().clone() for b in mod.buffers()]
-    with torch.random.fork_rng(devices=[dev] if dev.type=='cuda' else []): # dropout draws nothing from the run's random state
+    grads = [p.grad for p in mod.parameters()] # `Accumulate`'s micro-batches so far: kept out of the pass, and back after it
+    for p in mod.parameters(): p.grad = None
+    # dropout draws nothing from the run's random state
+    with synced(m), torch.random.fork_rng(devices=[dev] if dev.type=='cuda' else []):
         out = m(*learn.xb)
         outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, Tensor) and o.requires_grad]
         if outs: sum(o.float().sum() for o in outs).mul(0).backward() # every rank all-reduces zeros in the first layout
     with torch.no_grad():
         for b,c in zip(mod.buffers(), bufs): b.copy_(c)
-    for p in mod.parameters(): p.grad = None
+    for p,g in zip(mod.parameters(), grads): p.grad = g
 
 @patch
 def before_batch(self:Checkpoint):
@@ -426,9 +513,10 @@ def _save(self:Checkpoint, epoch, it):
     # every rank's random state now, and as this epoch began (one exchange: a collective on every rank)
     sm,rk = _smoothers(self.learn) # the smoothed loss goes on as in an uninterrupted run (mid-epoch: with each rank's steps so far)
     ls = torch.stack(rk.losses).cpu() if rk is not None and rk.losses else None
-    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0, losses=ls))
+    gs = self._pending() # `Accumulate`'s micro-batches since the last optimizer step: each rank's own gradients
+    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0, losses=ls, grads=gs))
     st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, fit=self.n_fit, ws=world_size(), train_iter=self.train_iter, data=self.data,
-              plan=self.plan, steps=self.steps,
+              plan=self.plan, steps=self.steps, grads=None if gs is None else [o['grads'] for o in rs],
               rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], losses=[o['losses'] for o in rs],
               smooth=(sm.val.detach().cpu(), sm.count) if sm is not None and isinstance(sm.val, Tensor) else None,
               history=[list(v) for v in rec.values] if rec is not None else None,
@@ -467,10 +555,19 @@ def _accum(learn):
     return max([o.k for o in learn.cbs if isinstance(o, Accumulate)], default=1)
 
 @patch
+def _pending(self:Checkpoint):
+    "This rank's gradients of `Accumulate`'s micro-batches since the last optimizer step, `{name: on the CPU}`; None at a step"
+    # DDP reduces them only with the k-th micro-batch (`no_sync`): each rank's own. A sharded model's are not saved
+    if self.train_iter%_accum(self.learn)==0 or is_sharded(self.learn.model): return None
+    return {n: p.grad.detach().cpu() for n,p in get_model(self.learn.model).named_parameters() if p.grad is not None}
+
+@patch
 def _ready(self:Checkpoint):
-    "May a checkpoint be written now? Not while a resumed run skips (its weights are not the step's), nor between two optimizer steps"
-    # of `Accumulate` (the gradients of its micro-batches are not saved): a signal stops the ranks at the next optimizer step
-    return self.resumed.phase=='training' and self.train_iter%_accum(self.learn)==0
+    "May a checkpoint be written now? Not while a resumed run skips (its weights are not the step's); between two optimizer steps"
+    # of `Accumulate` only at an epoch's end (the micro-batches' gradients are saved then; not sharded): mid-epoch a signal stops the
+    # ranks at the next optimizer step
+    if self.resumed.phase!='training': return False
+    return self.train_iter%_accum(self.learn)==0 or not (self.training or is_sharded(self.learn.model))
 
 @patch
 def _requeue(self:Checkpoint):

@@ -60,7 +60,7 @@ def test_writer_killed_mid_save(tmp_path):
     rs = run_ranks(CK, n=2, args=[tmp_path, 'die@ckpt_e0002_s000000.pth', 4], check=False)
     assert rs.rc!=0 and "rank 0" in rs.out and "exit code 9" in rs.out, rs.out[-2000:]
     names = sorted(o.name for o in (tmp_path/'checkpoints').iterdir())
-    assert names==['ckpt_e0001_s000002.pth', 'ckpt_e0001_s000007.pth', 'ckpt_e0002_s000000.pth.tmp'], names
+    assert names==['.lock', 'ckpt_e0001_s000002.pth', 'ckpt_e0001_s000007.pth', 'ckpt_e0002_s000000.pth.tmp'], names
     import torch
     # the new one was written whole, never renamed
     assert torch.load(tmp_path/'checkpoints'/'ckpt_e0002_s000000.pth.tmp', weights_only=False)['epoch']==2
@@ -161,15 +161,24 @@ class Net(nn.Module):
     def __init__(self): super().__init__(); self.c,self.b,self.a = nn.Linear(64,1),nn.Linear(64,64),nn.Linear(3,64)
     def forward(self, x): return self.c(F.relu(self.b(F.dropout(self.a(x), 0.3, self.training))))
 '''
+# with Accumulate(4) at 3 ranks, 6 steps an epoch: epoch 1's end falls 2 micro-batches after an optimizer step, and the resumed run's
+# first step is a micro-batch inside DDP's no_sync
 CK3 = CK.replace("torch.manual_seed(0)\n", NET+"torch.manual_seed(0)\n").replace(
-    "nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1))", "Net()")
+    "nn.Sequential(nn.Linear(3,16), nn.Dropout(0.3), nn.Linear(16,1))", "Net()").replace(
+    "from fastddp.checkpoint import Checkpoint, write_tmp",
+    "from fastddp.checkpoint import Checkpoint, write_tmp\nfrom fastddp.train import Accumulate").replace(
+    "learn.fit_one_cycle(n_ep, 0.01, cbs=Die())", "learn.fit_one_cycle(n_ep, 0.01, cbs=[Die(), Accumulate(4)])").replace(
+    "report(w=", "report(n=learn.train_iter, w=")
 
 def test_resume_three_ranks(tmp_path, marker):
-    ("At 3 ranks a rank killed mid-epoch resumes to the uninterrupted weights bit for bit: the resumed run's first step reduces "
-     "the gradients in the buckets DDP had rebuilt by then (at 2 ranks a sum of two is the same in any layout)")
+    ("At 3 ranks with Accumulate(4), a rank killed mid-epoch resumes from epoch 1's end to the uninterrupted weights bit for bit: "
+     "the checkpoint holds each rank's gradients of the 2 micro-batches since the last optimizer step, and the resumed run's first "
+     "reduction uses the buckets DDP had rebuilt by then (at 2 ranks a sum of two is the same in any layout), though its first step "
+     "is a micro-batch inside no_sync")
     import torch
     ref = run_ranks(CK3, n=3, args=[tmp_path/'ref', 'live', 2])
     rs = run_ranks(CK3, n=3, args=[tmp_path/'run', 'die', 2, marker], largs=['--max-restarts', '1'])
-    assert [o['restart'] for o in rs]==['1']*3 and "resuming from" in rs.out, rs.out[-2000:]
+    assert [o['restart'] for o in rs]==['1']*3 and "resuming from" in rs.out and "ckpt_e0001_s000000.pth" in rs.out, rs.out[-2000:]
+    assert ref[0]['n']==12 and "not bit-equal" not in rs.out, (ref[0]['n'], rs.out[-2000:]) # 6 steps an epoch
     for o in rs: assert torch.equal(_flat(o['w']), _flat(ref[0]['w'])), (_flat(o['w'])-_flat(ref[0]['w'])).abs().max()
     assert not wait_gone(marker, 10)
