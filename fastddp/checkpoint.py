@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'data_sig', 'fit_plan', 'write_tmp', 'commit_tmp', 'save_atomic', 'checkpoints',
            'load_latest', 'save_sharded', 'load_sharded', 'Resumed', 'lock_dir', 'unlock_dir', 'Resume', 'Checkpoint',
-           'saved_shapes', 'state_mismatch', 'synced', 'warm_buckets']
+           'saved_shapes', 'state_mismatch', 'synced', 'warm_buckets', 'gather0']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, time, errno, fcntl, socket, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
@@ -513,10 +513,11 @@ def _save(self:Checkpoint, epoch, it):
     # every rank's random state now, and as this epoch began (one exchange: a collective on every rank)
     sm,rk = _smoothers(self.learn) # the smoothed loss goes on as in an uninterrupted run (mid-epoch: with each rank's steps so far)
     ls = torch.stack(rk.losses).cpu() if rk is not None and rk.losses else None
-    gs = self._pending() # `Accumulate`'s micro-batches since the last optimizer step: each rank's own gradients
-    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0, losses=ls, grads=gs))
+    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0, losses=ls))
+    gs = self._pending() # `Accumulate`'s micro-batches since the last optimizer step: each rank's own gradients, to the writer only
+    if gs is not None: gs = gather0(gs)
     st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, fit=self.n_fit, ws=world_size(), train_iter=self.train_iter, data=self.data,
-              plan=self.plan, steps=self.steps, grads=None if gs is None else [o['grads'] for o in rs],
+              plan=self.plan, steps=self.steps, grads=gs,
               rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], losses=[o['losses'] for o in rs],
               smooth=(sm.val.detach().cpu(), sm.count) if sm is not None and isinstance(sm.val, Tensor) else None,
               history=[list(v) for v in rec.values] if rec is not None else None,
@@ -553,6 +554,13 @@ def _smoothers(learn):
 def _accum(learn):
     "Micro-batches per optimizer step: `Accumulate`'s `k`, 1 without one"
     return max([o.k for o in learn.cbs if isinstance(o, Accumulate)], default=1)
+
+def gather0(o):
+    "`o` from every rank, in rank order, on rank 0; None on the others (one collective)"
+    if not dist.is_initialized() or world_size()==1: return [o]
+    res = [None]*world_size() if is_rank0() else None
+    dist.gather_object(o, res, dst=0)
+    return res
 
 @patch
 def _pending(self:Checkpoint):

@@ -123,12 +123,15 @@ def test_zero2_resume(tmp_path, ref, marker):
     for o in rs: assert torch.equal(_flat(o['w']), ref[0])
     assert not wait_gone(marker, 10)
 
-# One process on a GPU: every 3 steps, killed mid-epoch (after the 13th of 10-step epochs), then the same command again
+# One process on a GPU: every 3 steps, killed mid-epoch (after the 13th of 10-step epochs), then the same command again; with
+# Accumulate(4), killed after the 11th: epoch 1's end, 2 micro-batches after an optimizer step, is the newest checkpoint
 CUDA = '''
 import sys, os
 from fastai.basics import *
 from fastddp.core import *; from fastddp.testing import report
 from fastddp.checkpoint import Checkpoint
+from fastddp.train import Accumulate
+k = int(sys.argv[3])
 set_seed(0)
 x = torch.randn(40,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
 learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cuda'),
@@ -136,8 +139,8 @@ learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8
                 cbs=Checkpoint(every=3))
 class Die(Callback):
     def after_batch(self):
-        if self.training and self.train_iter==13 and sys.argv[2]=='die': os._exit(3)
-with learn.no_logging(): learn.fit_one_cycle(3, 0.01, cbs=Die())
+        if self.training and self.train_iter==(13 if k==1 else 11) and sys.argv[2]=='die': os._exit(3)
+with learn.no_logging(): learn.fit_one_cycle(3, 0.01, cbs=[Die(), Accumulate(k)])
 report(w=[p.detach().cpu() for p in learn.model.parameters()], cuda_rng=torch.cuda.get_rng_state(),
        dev=sorted({str(v.device) for st in learn.opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)}))
 '''
@@ -145,14 +148,16 @@ report(w=[p.detach().cpu() for p in learn.model.parameters()], cuda_rng=torch.cu
 @pytest.mark.cuda
 def test_resume_cuda(tmp_path):
     ("On a GPU, resumed mid-epoch: Adam's state is on the GPU (fastai's load leaves it where the checkpoint was read, the CPU: the "
-     "first step failed), and the weights and the CUDA random state (dropout) equal an uninterrupted run's, bit for bit")
+     "first step failed), and the weights and the CUDA random state (dropout) equal an uninterrupted run's, bit for bit; with "
+     "Accumulate(4), resumed from an epoch's end between two optimizer steps, its micro-batches' gradients back on the GPU: the same")
     import torch
-    ref = run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/'a', 'live'])[0]
-    assert run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/'b', 'die'], check=False).rc==3
-    rs = run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/'b', 'live'])
-    assert "resuming from" in rs.out and "ckpt_e0001_s000002.pth" in rs.out, rs.out[-2000:]
-    assert rs[0]['dev']==ref['dev']==['cuda:0'], (rs[0]['dev'], ref['dev'])
-    assert torch.equal(_flat(rs[0]['w']), _flat(ref['w'])) and torch.equal(rs[0]['cuda_rng'], ref['cuda_rng'])
+    for k,ck in ((1, 'ckpt_e0001_s000002.pth'), (4, 'ckpt_e0001_s000000.pth')):
+        ref = run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/f'a{k}', 'live', k])[0]
+        assert run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/f'b{k}', 'die', k], check=False).rc==3
+        rs = run_ranks(CUDA, n=1, launcher='python', args=[tmp_path/f'b{k}', 'live', k])
+        assert "resuming from" in rs.out and ck in rs.out and "not bit-equal" not in rs.out, rs.out[-2000:]
+        assert rs[0]['dev']==ref['dev']==['cuda:0'], (rs[0]['dev'], ref['dev'])
+        assert torch.equal(_flat(rs[0]['w']), _flat(ref['w'])) and torch.equal(rs[0]['cuda_rng'], ref['cuda_rng']), k
 
 # A model whose layers are made in the reverse of the order the forward uses them: DDP's first step reduces the gradients in buckets
 # laid out in the order of the parameters, the next ones in the order their gradients became ready in that first step
