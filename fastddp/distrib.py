@@ -31,7 +31,7 @@ from .launch import peer_lost
 from .comm import check_hook, ddp_kwargs, register_hook, ddp_keys, CommStats
 from .eval import ExactDL, reduce_metrics
 from .epoch_loss import EpochLoss
-from .shard import Sharded, auto_units
+from .shard import Sharded, auto_units, bcast
 from .compile import compile_cb, compile_for, no_accel_compile
 from .watchdog import Heartbeat, guard_exit, left, left_msg, where_left
 from .preempt import Preempt, Preempted
@@ -506,13 +506,18 @@ class PadForwards(Callback):
         for o in self.learn.cbs.filter(lambda o: isinstance(o, DistributedTrainer)): o._pad_forwards()
 
 # %% ../nbs/03_distrib.ipynb #99738b59
-def sync_buffers(m):
-    "Give `m`'s buffers rank 0's values now when DDP would at its next forward, which a rank with no batch to validate never runs"
-    if not isinstance(m, nn.parallel.DistributedDataParallel) or not m.will_sync_module_buffers(): return
-    # DDP broadcasts the buffers (BatchNorm's statistics) at the first forward after a training one, in a collective: a rank whose block
-    # of the validation set is empty (`predict`, a small `test_dl`) never joined it, and the others waited there for ever
-    for b in m.module.buffers(): dist.broadcast(b, 0, group=m.process_group)
-    m.require_forward_param_sync = False # what that forward sets (DDP's own flag): no forward of this pass syncs again
+def sync_buffers(m, sharded=False):
+    "Give every rank rank 0's buffers (BatchNorm's statistics) before a validation pass, the model's that rank 0 saves and exports"
+    # DDP broadcasts them at the first forward after a synced training one, in a collective: a rank whose block of the validation set
+    # is empty (`predict`, a small `test_dl`) never joined it, and the others waited there for ever. After a micro-batch in `no_sync`
+    # (`Accumulate`, an epoch that ends between two optimizer steps) it does not at all, nor does `BufferSync` for a sharded model:
+    # each rank would validate with its own statistics, and the ranks' metrics would not be the saved model's
+    ddp = isinstance(m, nn.parallel.DistributedDataParallel)
+    if ddp and not (getattr(m, 'forward_sync_buffers', None) or getattr(m, 'broadcast_buffers', False)): return # the user's choice
+    if not (ddp or sharded): return
+    bufs = list((m.module if ddp else m).buffers())
+    if bufs: bcast(bufs) # one message per dtype, where the model is (the default group: DDP's under Accelerate)
+    if ddp: m.require_forward_param_sync = False # what DDP's own sync sets: no forward of this pass syncs again
 
 @patch
 def before_validate(self:DistributedTrainer):
@@ -521,7 +526,8 @@ def before_validate(self:DistributedTrainer):
     # `validate`/`get_preds` outside `fit` have not been through `before_fit`; a sharded model is where FSDP2 put it (with
     # `shard_offload` its shards in CPU memory: a `to` would copy them to the GPU and back at every validation)
     if self.sharded is None: self.learn.model.to(self.accelerator.device)
-    sync_buffers(self.learn.model)
+    sync_buffers(self.learn.model, sharded=self.sharded is not None)
+    if self.sharded is not None: self.sharded.bsync.sync = False # as DDP's flag above: no forward of this pass broadcasts again
 
 @patch
 def after_validate(self:DistributedTrainer):

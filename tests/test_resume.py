@@ -86,19 +86,22 @@ def _resumed(rs):
 
 def test_tabular(tmp_path, marker):
     ("tabular_ddp.py (fastai's tabular loader draws each epoch's order from np.random): SIGTERM to fastddp-launch mid-epoch; the same "
-     "command under --max-restarts 1 resumes, and rank 1 is SIGKILLed after the next epoch's checkpoint: the restart resumes again "
-     "and ends bit-equal")
-    args = ['--synthetic', '400', '--bs', '16', '--epochs', '3', marker] # 10 steps an epoch
+     "command under --max-restarts 1 resumes, and rank 1 is SIGKILLed after the last epoch's checkpoint: the restart resumes at the "
+     "fit's end, trains nothing, and ends bit-equal, each rank's BatchNorm statistics its own (--accum 4: the last forward is a "
+     "micro-batch's, and DDP sets rank 0's buffers on every rank only in the forward after a synced one)")
+    # 10 steps an epoch; with --accum 4 the fit ends 2 micro-batches after its last optimizer step, inside DDP's no_sync: the
+    # validation's forward then does not set rank 0's buffers on every rank, as it does after a synced step
+    args = ['--synthetic', '400', '--bs', '16', '--epochs', '3', '--accum', '4', marker]
     ref = _run(tmp_path/'ref', 'tabular', args+['--out', tmp_path/'out'])
     check_run('tabular', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under fastddp-launch
     rs = _run(tmp_path/'a', 'tabular', args, env=dict(AT='0.1.3', SIG='SIGTERM'), check=False)
     it = _stopped(rs, PREEMPTED, tmp_path/'a'/'tabular', '0.1')
     assert not wait_gone(marker, 10)
-    again = _run(tmp_path/'a', 'tabular', args, largs=['--max-restarts', '1'], env=dict(KILL='0.1'))
+    again = _run(tmp_path/'a', 'tabular', args, largs=['--max-restarts', '1'], env=dict(KILL='0.2'))
     _same(again, ref); _resumed(again)
-    # first from the mid-epoch checkpoint, then, after the kill, from the one at epoch 1's end
+    # first from the mid-epoch checkpoint, then, after the kill, from the one at the last epoch's end
     m = re.findall(r"resuming from \S+ckpt_(e\d+_s\d+)\.pth", again.out)
-    assert m==[f'e0001_s{it:06d}', 'e0002_s000000'], (m, again.out[-3000:])
+    assert m==[f'e0001_s{it:06d}', 'e0003_s000000'], (m, again.out[-3000:])
     assert not wait_gone(marker, 10)
 
 def test_pets(tmp_path, marker):
