@@ -87,10 +87,9 @@ def _resumed(rs):
 def test_tabular(tmp_path, marker):
     ("tabular_ddp.py (fastai's tabular loader draws each epoch's order from np.random): SIGTERM to fastddp-launch mid-epoch; the same "
      "command under --max-restarts 1 resumes, and rank 1 is SIGKILLed after the last epoch's checkpoint: the restart resumes at the "
-     "fit's end, trains nothing, and ends bit-equal, each rank's BatchNorm statistics its own (--accum 4: the last forward is a "
-     "micro-batch's, and DDP sets rank 0's buffers on every rank only in the forward after a synced one)")
-    # 10 steps an epoch; with --accum 4 the fit ends 2 micro-batches after its last optimizer step, inside DDP's no_sync: the
-    # validation's forward then does not set rank 0's buffers on every rank, as it does after a synced step
+     "fit's end, trains nothing, and ends bit-equal. With --accum 4 the epochs end inside DDP's no_sync, after which DDP gives no "
+     "rank rank 0's BatchNorm statistics: fastddp does before each validation, so the run's metrics are its exported model's")
+    # 10 steps an epoch; with --accum 4 the fit ends 2 micro-batches after its last optimizer step
     args = ['--synthetic', '400', '--bs', '16', '--epochs', '3', '--accum', '4', marker]
     ref = _run(tmp_path/'ref', 'tabular', args+['--out', tmp_path/'out'])
     check_run('tabular', 2, ref, tmp_path/'out', tmp_path/'data') # what tests/test_scripts.py checks of a run, under fastddp-launch
