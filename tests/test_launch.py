@@ -260,7 +260,10 @@ def test_rank_never_joins(marker):
     "A rank that never reaches the process group is named by the others after FASTDDP_TIMEOUT (they quoted torch's store key)"
     rs = run_ranks(LATE, n=3, args=[marker], env={'FASTDDP_TIMEOUT': '4'}, check=False, timeout=100)
     assert rs.rc==2, rs.out[-2000:]
-    assert "DistribError: rank 0: rank(s) 1 did not join the process group within 4 s (FASTDDP_TIMEOUT)" in rs.out, rs.out[-2000:]
+    # ranks 0 and 2 both wait for it and time out together: whichever fails first is the one the launcher quotes (rank 2, once in a
+    # cold run on a busy machine)
+    said = r"DistribError: rank [02]: rank\(s\) 1 did not join the process group within 4 s \(FASTDDP_TIMEOUT\)"
+    assert re.search(said, rs.out), rs.out[-2000:]
     assert not wait_gone(marker, 10)
 
 # Each writer raises or fails with a long message: its record takes seconds to write, and the test stops it as soon as the file or
