@@ -7,7 +7,7 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'data_sig', 'fit_plan', 'write_tmp', 'commit_tmp', 'save_atomic', 'checkpoints',
            'load_latest', 'save_sharded', 'load_sharded', 'Resumed', 'lock_dir', 'unlock_dir', 'Resume', 'Checkpoint',
-           'saved_shapes', 'state_mismatch', 'synced', 'warm_buckets', 'gather0']
+           'saved_shapes', 'state_mismatch', 'synced', 'warm_buckets']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, time, errno, fcntl, socket, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
@@ -554,13 +554,6 @@ def _smoothers(learn):
 def _accum(learn):
     "Micro-batches per optimizer step: `Accumulate`'s `k`, 1 without one"
     return max([o.k for o in learn.cbs if isinstance(o, Accumulate)], default=1)
-
-def gather0(o):
-    "`o` from every rank, in rank order, on rank 0; None on the others (one collective)"
-    if not dist.is_initialized() or world_size()==1: return [o]
-    res = [None]*world_size() if is_rank0() else None
-    dist.gather_object(o, res, dst=0)
-    return res
 
 @patch
 def _pending(self:Checkpoint):

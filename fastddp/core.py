@@ -9,7 +9,7 @@ __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'fresh
            'default_backend', 'check_gpu', 'shared_gpu', 'check_backend', 'on_gpu', 'distrib_device', 'cpus',
            'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface',
            'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'check_ifname', 'init_distrib', 'all_gather_list',
-           'is_distributed', 'validating', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
+           'gather0', 'is_distributed', 'validating', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, io, stat, socket, ipaddress, datetime
@@ -319,6 +319,14 @@ def all_gather_list(o):
     if not dist.is_initialized() or dist.get_world_size()==1: return [o]
     res = [None]*dist.get_world_size()
     dist.all_gather_object(res, o)
+    return res
+
+def gather0(o):
+    "`o` from every rank, in rank order, on rank 0; None on the others (one collective: only the writer of a file needs them)"
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_world_size()==1: return [o]
+    res = [None]*dist.get_world_size() if dist.get_rank()==0 else None
+    dist.gather_object(o, res, dst=0)
     return res
 
 # %% ../nbs/00_core.ipynb #76387859

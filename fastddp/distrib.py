@@ -506,7 +506,7 @@ class PadForwards(Callback):
         for o in self.learn.cbs.filter(lambda o: isinstance(o, DistributedTrainer)): o._pad_forwards()
 
 # %% ../nbs/03_distrib.ipynb #99738b59
-def sync_buffers(m, sharded=False):
+def sync_buffers(m, bsync=None): # a sharded model's `BufferSync`
     "Give every rank rank 0's buffers (BatchNorm's statistics) before a validation pass, the model's that rank 0 saves and exports"
     # DDP broadcasts them at the first forward after a synced training one, in a collective: a rank whose block of the validation set
     # is empty (`predict`, a small `test_dl`) never joined it, and the others waited there for ever. After a micro-batch in `no_sync`
@@ -514,10 +514,12 @@ def sync_buffers(m, sharded=False):
     # each rank would validate with its own statistics, and the ranks' metrics would not be the saved model's
     ddp = isinstance(m, nn.parallel.DistributedDataParallel)
     if ddp and not (getattr(m, 'forward_sync_buffers', None) or getattr(m, 'broadcast_buffers', False)): return # the user's choice
-    if not (ddp or sharded): return
+    if not ddp and bsync is None: return
     bufs = list((m.module if ddp else m).buffers())
     if bufs: bcast(bufs) # one message per dtype, where the model is (the default group: DDP's under Accelerate)
-    if ddp: m.require_forward_param_sync = False # what DDP's own sync sets: no forward of this pass syncs again
+    # what DDP's own sync sets (and `BufferSync`'s, by its rule): no forward of this pass broadcasts again
+    if ddp: m.require_forward_param_sync = False
+    else: bsync.sync = False
 
 @patch
 def before_validate(self:DistributedTrainer):
@@ -526,8 +528,7 @@ def before_validate(self:DistributedTrainer):
     # `validate`/`get_preds` outside `fit` have not been through `before_fit`; a sharded model is where FSDP2 put it (with
     # `shard_offload` its shards in CPU memory: a `to` would copy them to the GPU and back at every validation)
     if self.sharded is None: self.learn.model.to(self.accelerator.device)
-    sync_buffers(self.learn.model, sharded=self.sharded is not None)
-    if self.sharded is not None: self.sharded.bsync.sync = False # as DDP's flag above: no forward of this pass broadcasts again
+    sync_buffers(self.learn.model, None if self.sharded is None else self.sharded.bsync)
 
 @patch
 def after_validate(self:DistributedTrainer):
