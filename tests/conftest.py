@@ -1,4 +1,4 @@
-import os, sys, time, subprocess, tempfile, uuid, pytest, psutil
+import os, sys, time, shutil, subprocess, tempfile, uuid, pytest, psutil
 from pathlib import Path
 
 # Two pytest-xdist workers share the cores, and most tests start processes of their own. An OpenMP thread waiting for work spins
@@ -6,6 +6,19 @@ from pathlib import Path
 # run of the pets script beside two busy cores took 23.7 s of CPU with spinning threads, 8.8 s without. No number depends on it.
 # Set before anything here loads torch; every process a test starts inherits it
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
+# What the suite's processes leave in the temporary folder goes in one folder of the run's, removed when it ends: fastddp-launch's log
+# folder and `multiprocessing`'s of a launcher or rank a test kills with SIGKILL, torchrun's log folders (torch leaves them always),
+# torch's error files, the watchdog's stack files of the ranks tests stall, the tests' own folders. A machine that runs the suite
+# daily kept hundreds in /tmp. pytest's folders stay where pytest puts them (its own `tempfile.gettempdir()`, read first, is kept:
+# pytest-xdist gives its workers theirs below it). The controller makes it; the workers and every process inherit `TMPDIR`
+_TMP = None
+if 'PYTEST_XDIST_WORKER' not in os.environ and 'FASTDDP_TEST_TMP' not in os.environ:
+    tempfile.gettempdir()
+    os.environ['TMPDIR'] = os.environ['FASTDDP_TEST_TMP'] = _TMP = tempfile.mkdtemp(prefix='fastddp-tests-')
+
+def pytest_unconfigure(config):
+    if _TMP: shutil.rmtree(_TMP, ignore_errors=True)
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
