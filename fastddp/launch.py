@@ -6,8 +6,8 @@ Docs: https://fastddp.github.io/fastddp/launch.html.md"""
 
 # %% auto #0
 __all__ = ['PREEMPTED', 'LaunchError', 'parse_gpus', 'plan_procs', 'bind_error', 'port_free', 'free_port', 'peer_lost',
-           'fail_msg', 'restart_msg', 'Restarts', 'launch_config', 'wait_master', 'Forward', 'launch', 'unreadable',
-           'main']
+           'fail_msg', 'restart_msg', 'Restarts', 'launch_config', 'wait_master', 'Forward', 'launch', 'log_folder',
+           'unreadable', 'main']
 
 # %% ../nbs/01_launch.ipynb #14b49b4b
 import os, sys, errno, json, logging, traceback, socket, argparse, shlex, shutil, signal, subprocess, tempfile, uuid, time, threading
@@ -296,7 +296,7 @@ def launch(argv=None):
     if a.log_dir is not None: return _launch(a)
     # torch's agent would make a folder in /tmp for the ranks' log files at every run and leave it there (torchrun does): one of
     # fastddp's instead, removed when the run ends (the console showed what the files hold; the failures are read before)
-    tmp = tempfile.mkdtemp(prefix='fastddp-launch-')
+    tmp = log_folder()
     try: return _launch(a, tmp)
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
@@ -363,6 +363,24 @@ def _launch(a, tmp=None):
         return 1
     finally: fwd.restore(); ag.removeFilter(rs)
     return 0
+
+# %% ../nbs/01_launch.ipynb #028f8a7d
+def _alive(pid:int):
+    "Whether a process `pid` runs on this host"
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass # another user's
+    return True
+
+def log_folder(tmp:str=None): # the temporary folder; None: Python's (`TMPDIR`)
+    "A new folder for the ranks' log files, after removing those of this host's launchers that are gone (killed with SIGKILL)"
+    host = socket.gethostname()
+    tmp = Path(tmp or tempfile.gettempdir())
+    # the host in the name: a temporary folder shared between nodes holds the folders of live launchers whose PIDs are not this host's
+    for d in tmp.glob(f'fastddp-launch-{host}-*-*'):
+        ps = d.name[len(f'fastddp-launch-{host}-'):].split('-') # PID, `mkdtemp`'s letters (no '-': not a host 'a-1' when this is 'a')
+        if len(ps)==2 and ps[0].isdigit() and not _alive(int(ps[0])): shutil.rmtree(d, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f'fastddp-launch-{host}-{os.getpid()}-', dir=tmp)
 
 # %% ../nbs/01_launch.ipynb #0d94827e
 def unreadable(e:json.JSONDecodeError): # what torch's agent raised

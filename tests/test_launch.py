@@ -35,9 +35,9 @@ def test_rank_failure_stops_all(mode, why, marker):
     assert not wait_gone(marker, 5)
     assert not any(o.get('done') for o in rs)
 
-def _training(marker):
+def _training(marker, env=None):
     "`LOOP` started under fastddp-launch on 2 ranks, once the launcher and both ranks run: the launcher's `Popen`"
-    p,_ = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000])
+    p,_ = start(LOOP, ['--nproc', '2'], [marker, 'run', 100000], env=env)
     end = time.time()+60
     while len(procs_with(marker))<3 and time.time()<end: time.sleep(0.2) # the launcher and both ranks
     time.sleep(2)
@@ -56,13 +56,17 @@ def test_signal_stops_all(sig, marker):
     if sig==signal.SIGINT: assert 'interrupted at' in out and 'KeyboardInterrupt' not in out and ']:[rank' not in out, out[-2000:]
     assert not wait_gone(marker, 30)
 
-def test_launcher_killed(marker):
+def test_launcher_killed(marker, tmp_path):
     ("The launcher killed at once (SIGKILL, the OOM killer): the kernel sends each rank SIGTERM (`fastddp.worker.die_with_parent`), "
-     "and no rank goes on training unseen")
-    p = _training(marker)
+     "and no rank goes on training unseen. Its folder of log files stays; the next launch on the host removes it")
+    p = _training(marker, env={'TMPDIR': str(tmp_path)})
     assert len(procs_with(marker))==3
     p.kill(); p.communicate(timeout=30)
     assert not wait_gone(marker, 30)
+    left = [o.name for o in tmp_path.glob('fastddp-launch-*')]
+    assert left==[f'fastddp-launch-{socket.gethostname()}-{p.pid}-{left[0].split("-")[-1]}'], left
+    run_ranks(LOOP, n=1, args=[marker, 'run', 1], env={'TMPDIR': str(tmp_path)})
+    assert not list(tmp_path.glob('fastddp-launch-*')), list(tmp_path.iterdir())
 
 def test_rank_killed(marker):
     ("A rank killed from outside (SIGKILL: the OOM killer): the launcher names it as the cause, not its peer whose collective then "
