@@ -11,7 +11,9 @@ __all__ = ['rng_state', 'set_rng_state', 'data_sig', 'fit_plan', 'write_tmp', 'c
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, time, errno, fcntl, socket, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
-import torch.distributed as dist
+import torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.tensor import DTensor
 from fastai.optimizer import OptimWrapper
 from pathlib import Path
 from dataclasses import dataclass
@@ -139,7 +141,6 @@ def _hypers(opt):
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a03
 def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the shards
     "Write `learn`'s sharded weights and optimizer state to the folder `fn` (every rank its shards) atomically; a collective"
-    import torch.distributed.checkpoint as dcp # here: see `fastddp.core.is_fsdp`
     fn = Path(fn); tmp = fn.with_name(fn.name+'.tmp')
     if is_rank0():
         if tmp.exists(): shutil.rmtree(tmp) # a write that died half-way
@@ -152,7 +153,7 @@ def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the sha
     # DCP writes one copy of a tensor that is not sharded (a buffer), from the rank with the least to write by default. On CPU each
     # rank keeps its own BatchNorm statistics, and at the next forward every rank takes rank 0's, as DDP does: write rank 0's
     dcp.save({'model': learn.model.state_dict(), 'opt': {k:v for k,v in ent.items() if isinstance(v, torch.Tensor)}},
-             storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), planner=dcp.DefaultSavePlanner(dedup_save_to_lowest_rank=True))
+             storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
     if is_rank0():
         save_atomic({**meta, 'opt_other': {k:v for k,v in ent.items() if not isinstance(v, torch.Tensor)}, 'hypers': _hypers(learn.opt)},
                     tmp/'meta.pth')
@@ -166,11 +167,10 @@ def _alloc(k, md, ps):
     "A tensor to load the saved entry `k` into: laid out like its parameter when it has its shape, else whole on every rank"
     p = ps[k.split('.',1)[1].rsplit('.',1)[0]]
     if tuple(md.size)==tuple(p.shape): return torch.zeros_like(p, dtype=md.properties.dtype)
-    return torch.zeros(md.size, dtype=md.properties.dtype, device=p.to_local().device if is_dtensor(p) else p.device)
+    return torch.zeros(md.size, dtype=md.properties.dtype, device=p.to_local().device if isinstance(p, DTensor) else p.device)
 
 def load_sharded(learn, fn, meta:dict):
     "Load the sharded checkpoint folder `fn` into `learn`'s sharded model and its optimizer, at this run's world size"
-    import torch.distributed.checkpoint as dcp
     md = dcp.FileSystemReader(fn).read_metadata().state_dict_metadata
     ps = dict(learn.model.named_parameters())
     names = {id(p):k for k,p in ps.items()}
@@ -280,7 +280,6 @@ class Checkpoint(Preempt):
 def saved_shapes(f, st):
     "`{name: shape}` of the model's entries in the checkpoint `st` read from `f` (a file, or a sharded checkpoint's folder)"
     if not f.is_dir(): return {k: tuple(v.shape) if isinstance(v, Tensor) else () for k,v in st['model'].items()}
-    import torch.distributed.checkpoint as dcp # only for a sharded checkpoint
     md = dcp.FileSystemReader(f).read_metadata().state_dict_metadata # sharded: the whole shapes, from DCP's metadata
     return {k[6:]: tuple(getattr(v, 'size', ())) for k,v in md.items() if k.startswith('model.')}
 

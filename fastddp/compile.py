@@ -9,8 +9,9 @@ __all__ = ['CompileError', 'compile_opts', 'from_accelerate', 'check_compiler', 
            'uncompile', 'Compile', 'compile_cb', 'compile_for', 'no_accel_compile']
 
 # %% ../nbs/02k_compile.ipynb #0e05f085
-import sys, time, torch
+import time, torch, torch._dynamo
 from torch import nn
+from torch._dynamo.utils import counters
 from fastai.basics import *
 from fastai.distributed import DistributedTrainer
 import cloudpickle
@@ -39,7 +40,6 @@ def compile_opts(
     if res.get('mode') is not None and res.get('options') is not None:
         raise DistribError("compile: pass mode or options, not both (torch.compile takes one)")
     be = res['backend']
-    import torch._dynamo # here, as everywhere in this module: a process that compiles nothing need not import dynamo (0.4 s)
     if isinstance(be, str) and be not in torch._dynamo.list_backends(exclude_tags=()):
         raise DistribError(f"compile: unknown backend {be!r}; dynamo has {', '.join(torch._dynamo.list_backends(exclude_tags=()))}")
     return res
@@ -94,16 +94,14 @@ def compile_targets(model:nn.Module, # the model, before sharding
 
 # %% ../nbs/02k_compile.ipynb #4ab74a36
 def n_compiles():
-    "Frames dynamo has compiled in this process so far, first compiles and recompiles (its own counter; none before it is imported)"
-    u = sys.modules.get('torch._dynamo.utils') # asked at every step (`TimeCost`): not imported here
-    return 0 if u is None else u.counters['frames']['total']
+    "Frames dynamo has compiled in this process so far, first compiles and recompiles (its own counter)"
+    return counters['frames']['total']
 
 class _Guarded:
     "A module's compiled call: a compile failure becomes one `CompileError`, or with `try` the module runs eagerly from then on"
     def __init__(self, m, fn, name, fallback): self.m,self.fn,self.name,self.fallback = m,fn,name,fallback
     def __call__(self, *args, **kwargs):
         try: return self.fn(*args, **kwargs)
-        # (read only when the call raised: `compile` imported dynamo)
         except torch._dynamo.exc.TorchRuntimeError: raise # the model's own error, met while tracing: eager raises it too
         except torch._dynamo.exc.TorchDynamoException as e:
             msg = f"torch.compile failed on {self.name} ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''})"
@@ -139,7 +137,6 @@ class Compile(Callback):
         "Compile `m` (each of its shard `units` on its own) the first time; later fits of the context reuse it"
         if self.mods is not None: return m
         self.mods = compile_model(m, self.opts, units)
-        import torch._dynamo
         # every module compiled by `nn.Module.compile` shares one code object, and dynamo's `recompile_limit` (8) counts its
         # variants across all of them (checked on torch 2.14: 12 distinct modules hit it): give each compiled unit the default budget
         self.limit0 = torch._dynamo.config.recompile_limit
@@ -150,7 +147,6 @@ class Compile(Callback):
     def before_batch(self):
         # a short last batch, validation's batch size: without this each is a recompile (the second one with dynamic shapes)
         if self.opts.get('dynamic') is not None: return # the user chose: True (every dimension) or False (none)
-        import torch._dynamo
         for t in self.learn.xb:
             if isinstance(t, torch.Tensor) and t.ndim: torch._dynamo.maybe_mark_dynamic(t, 0)
     @property

@@ -9,8 +9,7 @@ __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'fresh
            'default_backend', 'check_gpu', 'shared_gpu', 'check_backend', 'on_gpu', 'distrib_device', 'cpus',
            'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface',
            'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'check_ifname', 'init_distrib', 'all_gather_list',
-           'gather0', 'is_distributed', 'validating', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus',
-           'is_dtensor', 'is_fsdp']
+           'gather0', 'is_distributed', 'validating', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, io, stat, socket, ipaddress, datetime
@@ -382,18 +381,3 @@ def check_distinct_gpus():
     if msg := gpu_clash(seen):
         raise DistribError(f"{msg}: nccl needs one GPU per rank (start at most one process per GPU; FASTDDP_SHARE_GPU=1 with gloo shares "
                            "one on purpose, to test multi-rank code)")
-
-# %% ../nbs/00_core.ipynb #7b8f1757
-def _cls(mod:str, name:str):
-    "Class `name` of module `mod` if something imported that module, else None"
-    return getattr(sys.modules.get(mod), name, None)
-
-def is_dtensor(t):
-    "Is `t` a `DTensor` (a shard of a sharded model's tensor)?"
-    c = _cls('torch.distributed.tensor', 'DTensor')
-    return c is not None and isinstance(t, c)
-
-def is_fsdp(m):
-    "Is module `m` sharded by FSDP2 (`fully_shard`)?"
-    c = _cls('torch.distributed.fsdp', 'FSDPModule')
-    return c is not None and isinstance(m, c)

@@ -24,6 +24,7 @@ from fastai.optimizer import Optimizer
 from fastai.data.core import TfmdDL
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from fastai.callback.training import GradientAccumulation
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from accelerate import Accelerator
 from .core import *
 from .launch import peer_lost
@@ -419,7 +420,6 @@ def _mp_policy(self:DistributedTrainer):
     "FSDP2's mixed precision for `to_fp16()`/`to_bf16()` on GPU: weights gathered in half precision, gradients reduced in float32"
     mp = [o for o in self.learn.cbs if isinstance(o, MixedPrecision)]
     if not mp or self.accelerator.device.type!='cuda': return None # on CPU autocast alone decides (see `fastddp.precision`)
-    from torch.distributed.fsdp import MixedPrecisionPolicy # here: see `fastddp.core.is_fsdp`
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if mp[0].amp_mode==AMPMode.BF16 else torch.float16, reduce_dtype=torch.float32)
 
 # %% ../nbs/03_distrib.ipynb #807534fb

@@ -10,8 +10,8 @@ __all__ = ['holder', 'state_dicts', 'opt_to_params', 'mem_stats', 'unit_mib', 'p
 # %% ../nbs/02f_memory.ipynb #e954cc2b
 import torch
 from collections import defaultdict
+from torch.distributed.tensor import DTensor
 from fastai.optimizer import OptimWrapper, Lookahead
-from .core import is_dtensor
 
 # %% ../nbs/02f_memory.ipynb #42a096e3
 def holder(opt):
@@ -42,7 +42,7 @@ def opt_to_params(opt):
 # %% ../nbs/02f_memory.ipynb #17c5cd9d
 def _mib(ts):
     "MiB of the tensors `ts`, a `DTensor` counting its local shard"
-    loc = lambda t: t.to_local() if is_dtensor(t) else t
+    loc = lambda t: t.to_local() if isinstance(t, DTensor) else t
     return sum(loc(t).numel()*loc(t).element_size() for t in ts)/2**20
 
 def mem_stats(model, opt=None):

@@ -14,6 +14,9 @@ from copy import deepcopy
 from collections import defaultdict
 import torch, torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard, FSDPModule, MixedPrecisionPolicy, CPUOffloadPolicy
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, distribute_tensor
 from fastai.basics import *
 from fastai.optimizer import OptimWrapper
 from .core import *
@@ -77,7 +80,7 @@ def bcast(ts, src=0):
 # %% ../nbs/02h_shard.ipynb #8ffbb9ba
 def _grad_sync(m):
     "Will the backward after this forward reduce the gradients? False while `Accumulate` has turned FSDP2's sync off"
-    return grad_sync(m) if is_fsdp(m) else True
+    return grad_sync(m) if isinstance(m, FSDPModule) else True
 
 class BufferSync:
     "Broadcast rank 0's buffers of `model` before each forward that follows a forward with gradients (and before the first), as DDP does"
@@ -96,11 +99,9 @@ def shard_model(model:nn.Module, # the model, on this rank's device
                 units:list=None, # names of the blocks to shard as units; None: `auto_units`
                 min_params:int=1_000_000, # smallest unit, for `auto_units`
                 reshard:bool=True, # free the gathered weights after the forward (ZeRO-3); False: after the backward
-                mp_policy=None, # FSDP2's mixed precision, a `MixedPrecisionPolicy` (GPU)
+                mp_policy:MixedPrecisionPolicy=None, # FSDP2's mixed precision (GPU)
                 offload:bool=False): # keep the shards in CPU memory between uses (GPU)
     "Shard `model` in place with FSDP2, from rank 0's weights; return the units"
-    from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy # here: see `is_fsdp`
-    from torch.distributed.device_mesh import init_device_mesh
     units = auto_units(model, min_params) if units is None else list(units)
     check_units(model, units)
     bcast([*model.parameters(), *model.buffers()])
@@ -116,12 +117,12 @@ def shard_model(model:nn.Module, # the model, on this rank's device
 # %% ../nbs/02h_shard.ipynb #d405a8b0
 def is_sharded(model):
     "Is `model` sharded by FSDP2?"
-    return is_fsdp(model)
+    return isinstance(model, FSDPModule)
 
 def reshard(model):
     "Put every FSDP2 unit of `model` back in its shards (ZeRO-2 keeps the weights a forward gathered until the next backward)"
     for m in model.modules():
-        if is_fsdp(m): m.reshard()
+        if isinstance(m, FSDPModule): m.reshard()
 
 # %% ../nbs/02h_shard.ipynb #3bd3f093
 def remap_opt(opt, new:dict): # `{id(old parameter): new parameter}`
@@ -143,8 +144,7 @@ def map_state(opt, f):
 # %% ../nbs/02h_shard.ipynb #4b747975
 def to_shard(v, p):
     "State `v` laid out like the sharded parameter `p`, on `p`'s device (tensors of `p`'s shape; others unchanged)"
-    if not is_dtensor(p) or not isinstance(v, torch.Tensor) or is_dtensor(v) or v.shape!=p.shape: return v
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    if not isinstance(p, DTensor) or not isinstance(v, torch.Tensor) or isinstance(v, DTensor) or v.shape!=p.shape: return v
     res = distribute_tensor(v, p.device_mesh, p.placements) # scattered on the mesh's device (a GPU under NCCL)
     if res.device==p.device: return res
     # an offloaded parameter (`shard_offload`) keeps its shard in CPU memory: its state goes there too, as the optimizer steps it there
@@ -152,7 +152,7 @@ def to_shard(v, p):
 
 def to_full(v, p=None):
     "A sharded tensor gathered whole into CPU memory (a collective); anything else unchanged"
-    if not is_dtensor(v): return v
+    if not isinstance(v, DTensor): return v
     # an offloaded shard (`shard_offload`) is in CPU memory, and NCCL gathers only on the GPU: there first (as torch's own state dicts)
     if v.device.type!=v.device_mesh.device_type: v = v.to(v.device_mesh.device_type)
     return v.full_tensor().cpu()
@@ -244,7 +244,7 @@ def load(self:Learner, file, device=None, with_opt=True, strict=True, **kwargs):
     hasopt = set(st)=={'model', 'opt'}
     sd = self.model.state_dict()
     full = st['model'] if hasopt else st
-    self.model.load_state_dict({k: to_shard(full[k], v) if is_dtensor(v) else full[k].to(v.device) for k,v in sd.items()},
+    self.model.load_state_dict({k: to_shard(full[k], v) if isinstance(v, DTensor) else full[k].to(v.device) for k,v in sd.items()},
                                strict=strict)
     if hasopt and with_opt and self.opt is not None:
         self.opt.load_state_dict(st['opt'])
