@@ -9,6 +9,9 @@ __all__ = ['CompileError', 'compile_opts', 'from_accelerate', 'check_compiler', 
            'uncompile', 'Compile', 'compile_cb', 'compile_for', 'no_accel_compile']
 
 # %% ../nbs/02k_compile.ipynb #0e05f085
+# dynamo with fastddp, not where it is used: DDP imports it as it wraps a model, and imported there (after the process group is
+# made) 2-rank fits under torchrun aborted as they exited ("terminate called without an active exception": 9 of 22 runs; none of 22
+# with it imported first). Its import brings FSDP2 and DTensor along
 import time, torch, torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
