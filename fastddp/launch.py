@@ -374,13 +374,12 @@ def _alive(pid:int):
 
 def log_folder(tmp:str=None): # the temporary folder; None: Python's (`TMPDIR`)
     "A new folder for the ranks' log files, after removing those of this host's launchers that are gone (killed with SIGKILL)"
-    host = socket.gethostname()
-    tmp = Path(tmp or tempfile.gettempdir())
     # the host in the name: a temporary folder shared between nodes holds the folders of live launchers whose PIDs are not this host's
-    for d in tmp.glob(f'fastddp-launch-{host}-*-*'):
-        ps = d.name[len(f'fastddp-launch-{host}-'):].split('-') # PID, `mkdtemp`'s letters (no '-': not a host 'a-1' when this is 'a')
+    pre,tmp = f'fastddp-launch-{socket.gethostname()}-',Path(tmp or tempfile.gettempdir())
+    for d in tmp.glob(pre+'*-*'):
+        ps = d.name[len(pre):].split('-') # PID, `mkdtemp`'s letters (no '-': not a host 'a-1' when this is 'a')
         if len(ps)==2 and ps[0].isdigit() and not _alive(int(ps[0])): shutil.rmtree(d, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f'fastddp-launch-{host}-{os.getpid()}-', dir=tmp)
+    return tempfile.mkdtemp(prefix=f'{pre}{os.getpid()}-', dir=tmp)
 
 # %% ../nbs/01_launch.ipynb #0d94827e
 def unreadable(e:json.JSONDecodeError): # what torch's agent raised
