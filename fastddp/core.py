@@ -7,9 +7,10 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'fresh_line', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'shared_gpu', 'check_backend', 'on_gpu', 'distrib_device', 'cpus',
-           'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'stall_time', 'iface_addrs', 'route_iface',
-           'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'check_ifname', 'init_distrib', 'all_gather_list',
-           'gather0', 'is_distributed', 'validating', 'learn_device', 'flag_group', 'gpu_clash', 'check_distinct_gpus']
+           'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'first_timeout', 'stall_time',
+           'iface_addrs', 'route_iface', 'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'check_ifname',
+           'init_distrib', 'all_gather_list', 'gather0', 'is_distributed', 'validating', 'learn_device', 'flag_group',
+           'gpu_clash', 'check_distinct_gpus']
 
 # %% ../nbs/00_core.ipynb #5a53279b
 import os, sys, re, io, stat, socket, ipaddress, datetime
@@ -175,6 +176,11 @@ def fork_deadlocks(v:tuple=None): # (major, minor, micro): this Python's when No
 def distrib_timeout():
     "How long a collective waits for a peer (`FASTDDP_TIMEOUT` seconds, default 300)"
     return datetime.timedelta(seconds=float(os.environ.get('FASTDDP_TIMEOUT') or 300))
+
+# %% ../nbs/00_core.ipynb #e73a61c8
+def first_timeout():
+    "How long the others wait for rank 0's work in `rank0_first` (`FASTDDP_FIRST_TIMEOUT` s, default 3600; at least `distrib_timeout`)"
+    return max(datetime.timedelta(seconds=float(os.environ.get('FASTDDP_FIRST_TIMEOUT') or 3600)), distrib_timeout())
 
 # %% ../nbs/00_core.ipynb #17077eef
 def stall_time():
@@ -353,13 +359,14 @@ def learn_device(learn):
 
 # %% ../nbs/00_core.ipynb #f82375a3
 _flag_groups = {}
-def flag_group():
+def flag_group(timeout:datetime.timedelta=None): # how long a collective on it waits for a peer (None: `distrib_timeout`)
     "A gloo group of every rank for small CPU flags, beside (not queued behind) the training's collectives; None in one process"
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size()>1): return None
-    k = id(dist.group.WORLD)
+    t = timeout or distrib_timeout()
+    k = id(dist.group.WORLD),t
     # a peer that never comes fails the wait after `FASTDDP_TIMEOUT`, as the training's collectives do (torch's default: 30 min)
-    if k not in _flag_groups: _flag_groups[k] = dist.new_group(backend='gloo', timeout=distrib_timeout())
+    if k not in _flag_groups: _flag_groups[k] = dist.new_group(backend='gloo', timeout=t)
     return _flag_groups[k]
 
 

@@ -84,16 +84,37 @@ def _unpacked(name, msg, b):
         except (TypeError, AttributeError, ImportError, pickle.UnpicklingError): pass # its class, or its arguments, are not rebuilt here
     return DistribError(f"rank 0 failed: {name}: {msg}")
 
+def _name(f):
+    "What `rank0_first` runs, in words (`untar_data`, not a `partial`)"
+    while isinstance(f, partial): f = f.func
+    return getattr(f, '__name__', repr(f))
+
+def _rank0_word(o, func, g):
+    "`o` of rank 0 on every rank over gloo group `g`: one exchange, which the others enter as rank 0 starts `func`"
+    if g is None: return o
+    res = [None]*dist.get_world_size()
+    try: dist.all_gather_object(res, o, group=g)
+    except RuntimeError as e: # gloo's: the wait timed out, or a peer's connection closed
+        what = _name(func)
+        if is_rank0(): msg = f"rank 0 ran {what} first, and the other ranks had stopped waiting (their output says why)"
+        elif 'Timed out' in str(e): msg = (f"rank {rank()} waited {first_timeout().total_seconds():g} s (FASTDDP_FIRST_TIMEOUT) for rank 0 "
+                                           f"to run {what} first: a longer download or tokenisation needs a larger FASTDDP_FIRST_TIMEOUT")
+        else: msg = f"rank {rank()}: rank 0 stopped while it ran {what} first (its output says why)"
+        raise DistribError(msg) from e
+    return res[0]
+
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation. Rank 0's error is every rank's"
     if args or kwargs: func = partial(func, *args, **kwargs)
     use_slurm()
     if world_size()>1: setup_distrib()
+    # made by every rank before rank 0 starts; not the training's group, whose FASTDDP_TIMEOUT would end a long download
+    g = flag_group(first_timeout())
     err = None
     if is_rank0():
         try: res = func()
         except Exception as e: err = e # raised below, once the others know: they would wait in a barrier rank 0 never reaches
-    p = all_gather_list(None if err is None else _packed(err))[0] # one exchange, a barrier too (none in one process): rank 0's error
+    p = _rank0_word(None if err is None else _packed(err), func, g) # rank 0's error, if any (one exchange; none in one process)
     if p is not None and err is None: raise _unpacked(*p)
     if err is not None: raise err
     if not is_rank0(): res = func()

@@ -3,6 +3,7 @@ import fastddp
 from fastai.tabular.all import *
 from fastai.distributed import *
 from fastddp.core import *
+from fastddp.distrib import rank0_first # fastddp's: the others wait for rank 0 up to FASTDDP_FIRST_TIMEOUT, and share its error
 from fastddp.data import make_adult
 
 @call_parse

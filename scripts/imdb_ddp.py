@@ -4,6 +4,7 @@ import fastddp
 from fastai.text.all import *
 from fastai.distributed import *
 from fastddp.core import *
+from fastddp.distrib import rank0_first # fastddp's: the others wait for rank 0 up to FASTDDP_FIRST_TIMEOUT, and share its error
 from fastddp.script import script_flags, positive, get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
 
 @call_parse

@@ -409,3 +409,33 @@ def test_torch_loaders(tmp_path):
     assert sorted(f.name for f in tmp_path.iterdir())==['wif-0-0', 'wif-1-0'] # each rank's worker ran the user's set-up
     assert sorted(rs[0]['dist_ys']+rs[1]['dist_ys'])==sorted(float(i%4+1) for i in range(20)) # every item once, not a quarter
     assert "a DistributedSampler splits the data per rank" in rs.out
+
+# rank 0 dies while the others wait for its download in `rank0_first`
+FIRST_DIES = '''
+import os, sys
+import fastddp
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.distrib import rank0_first
+def fetch(): os._exit(3) # rank 0 ends half-way through (the OOM killer, a node lost)
+rank0_first(fetch)
+'''
+
+def test_rank0_first_dies(tmp_path, marker):
+    ("Ranks started without a launcher, as `srun` starts them: rank 0 dies inside `rank0_first`; the other ends at once with one "
+     "line naming what rank 0 was doing, not after FASTDDP_FIRST_TIMEOUT (an hour)")
+    import os, sys, time, subprocess
+    from conftest import wait_gone
+    (tmp_path/'s.py').write_text(FIRST_DIES)
+    port = str(free_port())
+    def env(r): return {**os.environ, 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': port, 'WORLD_SIZE': '2', 'RANK': str(r),
+                        'LOCAL_RANK': str(r), 'LOCAL_WORLD_SIZE': '2', 'CUDA_VISIBLE_DEVICES': ''}
+    t = time.time()
+    ps = [subprocess.Popen([sys.executable, str(tmp_path/'s.py'), marker], env=env(r), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True) for r in (0, 1)]
+    out = [p.communicate(timeout=200)[0] for p in ps]
+    assert ps[0].returncode==3, out[0][-2000:]
+    assert ps[1].returncode==1, out[1][-2000:]
+    assert "DistribError: rank 1: rank 0 stopped while it ran fetch first (its output says why)" in out[1], out[1][-2000:]
+    assert time.time()-t<100, time.time()-t
+    assert not wait_gone(marker, 10)
