@@ -365,7 +365,7 @@ def flag_group(timeout:datetime.timedelta=None): # how long a collective on it w
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size()>1): return None
     t = timeout or distrib_timeout()
     k = id(dist.group.WORLD),t
-    # a peer that never comes fails the wait after `FASTDDP_TIMEOUT`, as the training's collectives do (torch's default: 30 min)
+    # a peer that never comes fails the wait after `t`, FASTDDP_TIMEOUT's as the training's collectives do (torch's default: 30 min)
     if k not in _flag_groups: _flag_groups[k] = dist.new_group(backend='gloo', timeout=t)
     return _flag_groups[k]
 

@@ -89,19 +89,21 @@ def _name(f):
     while isinstance(f, partial): f = f.func
     return getattr(f, '__name__', repr(f))
 
-def _rank0_word(o, func, g):
-    "`o` of rank 0 on every rank over gloo group `g`: one exchange, which the others enter as rank 0 starts `func`"
+def _rank0_word(err, func, g):
+    "Rank 0's error `err` (None: `func` ran) on every rank over gloo group `g`: one exchange, which the others enter as rank 0 starts"
+    o = None if err is None else _packed(err)
     if g is None: return o
     res = [None]*dist.get_world_size()
     try: dist.all_gather_object(res, o, group=g)
-    except RuntimeError as e: # gloo's: the wait timed out, or a peer's connection closed
-        what = _name(func)
-        if is_rank0(): msg = f"rank 0 ran {what} first, and the other ranks had stopped waiting (their output says why)"
-        elif 'Timed out' in str(e): msg = (f"rank {rank()} waited {first_timeout().total_seconds():g} s (FASTDDP_FIRST_TIMEOUT) for rank 0 "
-                                           f"to run {what} first: a longer download or tokenisation needs a larger FASTDDP_FIRST_TIMEOUT")
-        else: msg = f"rank {rank()}: rank 0 stopped while it ran {what} first (its output says why)"
-        raise DistribError(msg) from e
-    return res[0]
+    except RuntimeError as e: lost = e # gloo's: the wait timed out, or a peer's connection closed
+    else: return res[0]
+    if err is not None: raise err # rank 0's own failure says more than the others' absence
+    what = _name(func)
+    if is_rank0(): msg = f"rank 0 ran {what} first, and the other ranks had stopped waiting (their output says why)"
+    elif 'Timed out' in str(lost): msg = (f"rank {rank()} waited {first_timeout().total_seconds():g} s (FASTDDP_FIRST_TIMEOUT) for rank 0 "
+                                          f"to run {what} first: a longer download or tokenisation needs a larger FASTDDP_FIRST_TIMEOUT")
+    else: msg = f"rank {rank()}: rank 0 stopped while it ran {what} first (its output says why)"
+    raise DistribError(msg) from lost
 
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation. Rank 0's error is every rank's"
@@ -114,7 +116,7 @@ def rank0_first(func, *args, **kwargs):
     if is_rank0():
         try: res = func()
         except Exception as e: err = e # raised below, once the others know: they would wait in a barrier rank 0 never reaches
-    p = _rank0_word(None if err is None else _packed(err), func, g) # rank 0's error, if any (one exchange; none in one process)
+    p = _rank0_word(err, func, g) # rank 0's error, if any (one exchange; none in one process)
     if p is not None and err is None: raise _unpacked(*p)
     if err is not None: raise err
     if not is_rank0(): res = func()
