@@ -7,13 +7,13 @@ Docs: https://fastddp.github.io/fastddp/core.html.md"""
 # %% auto #0
 __all__ = ['world_size', 'rank', 'local_rank', 'is_rank0', 'rank0_print', 'fresh_line', 'warn_once', 'DistribError', 'has_cuda',
            'default_backend', 'check_gpu', 'shared_gpu', 'check_backend', 'on_gpu', 'distrib_device', 'cpus',
-           'rank_workers', 'n_workers', 'fork_deadlocks', 'distrib_timeout', 'first_timeout', 'stall_time',
-           'iface_addrs', 'route_iface', 'pick_iface', 'first_host', 'slurm_env', 'use_slurm', 'check_ifname',
-           'init_distrib', 'all_gather_list', 'gather0', 'is_distributed', 'validating', 'learn_device', 'flag_group',
-           'gpu_clash', 'check_distinct_gpus']
+           'rank_workers', 'n_workers', 'fork_deadlocks', 'env_seconds', 'distrib_timeout', 'first_timeout',
+           'stall_time', 'iface_addrs', 'route_iface', 'pick_iface', 'first_host', 'slurm_env', 'use_slurm',
+           'check_ifname', 'init_distrib', 'all_gather_list', 'gather0', 'is_distributed', 'validating', 'learn_device',
+           'flag_group', 'gpu_clash', 'check_distinct_gpus']
 
 # %% ../nbs/00_core.ipynb #5a53279b
-import os, sys, re, io, stat, socket, ipaddress, datetime
+import os, sys, re, io, stat, math, socket, ipaddress, datetime
 from pathlib import Path
 
 # %% ../nbs/00_core.ipynb #f830cd69
@@ -173,19 +173,30 @@ def fork_deadlocks(v:tuple=None): # (major, minor, micro): this Python's when No
     return v<(3,10,15) or (3,11)<=v<(3,11,8) or v==(3,12,0)
 
 # %% ../nbs/00_core.ipynb #5e75a7af
+def env_seconds(name:str, # the variable, e.g. 'FASTDDP_TIMEOUT'
+                default:float, # its value when unset or empty
+                zero:bool=False, # may it be 0 (`FASTDDP_STALL=0`: never)?
+                env:dict=None): # the environment (`os.environ` when None)
+    "The seconds environment variable `name` gives, or one clear error naming it"
+    v = (os.environ if env is None else env).get(name) or ''
+    try: s = float(v) if v.strip() else float(default)
+    except ValueError: s = math.nan # '5m', '1h': torch would fail later on `float`, naming neither
+    if math.isfinite(s) and (s>0 or (zero and s==0)): return s
+    raise DistribError(f"{name}={v!r}: give a number of seconds, {'0 or more' if zero else 'more than 0'} (e.g. {name}={default:g})")
+
 def distrib_timeout():
     "How long a collective waits for a peer (`FASTDDP_TIMEOUT` seconds, default 300)"
-    return datetime.timedelta(seconds=float(os.environ.get('FASTDDP_TIMEOUT') or 300))
+    return datetime.timedelta(seconds=env_seconds('FASTDDP_TIMEOUT', 300))
 
 # %% ../nbs/00_core.ipynb #e73a61c8
 def first_timeout():
     "How long the others wait for rank 0's work in `rank0_first` (`FASTDDP_FIRST_TIMEOUT` s, default 3600; at least `distrib_timeout`)"
-    return max(datetime.timedelta(seconds=float(os.environ.get('FASTDDP_FIRST_TIMEOUT') or 3600)), distrib_timeout())
+    return max(datetime.timedelta(seconds=env_seconds('FASTDDP_FIRST_TIMEOUT', 3600)), distrib_timeout())
 
 # %% ../nbs/00_core.ipynb #17077eef
 def stall_time():
     "Seconds a rank may go without progress before the watchdog stops the run (`FASTDDP_STALL`, default 180; 0: never)"
-    return float(os.environ.get('FASTDDP_STALL') or 180)
+    return env_seconds('FASTDDP_STALL', 180, zero=True)
 
 # %% ../nbs/00_core.ipynb #1a11f3b1
 def iface_addrs():

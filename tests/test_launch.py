@@ -124,6 +124,20 @@ def test_bad_input(argv, msg, tmp_path, capsys):
     assert len(err.strip().splitlines())==1 and msg in err, err
     assert not Path(str(scr)+'.ran').exists()
 
+@pytest.mark.parametrize('var,val,msg', [
+    ('FASTDDP_TIMEOUT', '5m', "FASTDDP_TIMEOUT='5m': give a number of seconds, more than 0 (e.g. FASTDDP_TIMEOUT=300)"),
+    ('FASTDDP_TIMEOUT', '-3', "FASTDDP_TIMEOUT='-3': give a number of seconds, more than 0 (e.g. FASTDDP_TIMEOUT=300)"),
+    ('FASTDDP_FIRST_TIMEOUT', '1h', "FASTDDP_FIRST_TIMEOUT='1h': give a number of seconds, more than 0 (e.g. FASTDDP_FIRST_TIMEOUT=3600)"),
+    ('FASTDDP_STALL', 'abc', "FASTDDP_STALL='abc': give a number of seconds, 0 or more (e.g. FASTDDP_STALL=180)")])
+def test_bad_env(var, val, msg, tmp_path, capsys, monkeypatch):
+    "A timeout variable that is not a number of seconds: one line naming it, exit code 2, no rank started (each raised a ValueError)"
+    monkeypatch.setenv(var, val)
+    scr = tmp_path/'s.py'; scr.write_text("open(__file__+'.ran','w')")
+    assert launch([str(scr)])==2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()==[f"fastddp-launch: {msg}"], err
+    assert not Path(str(scr)+'.ran').exists()
+
 @pytest.mark.smoke
 def test_max_restarts(marker):
     "`--max-restarts 1` restarts every worker once after a failure, saying which rank failed, and the run then finishes"
