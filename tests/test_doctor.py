@@ -92,9 +92,9 @@ def test_bench_failures():
     r = json.loads(p.stdout)
     assert p.returncode==1 and 'bench' not in r
     assert [c['value'] for c in r['checks'] if c['name']=='bench']==["--model resnet35: not a torchvision model"]
-    # the ranks' `init_distrib` cannot read it
-    p = doctor('--bench', '--json', '--nproc', 2, '--max-size', '4K', env={'FASTDDP_TIMEOUT': 'abc'}, timeout=90)
+    # the ranks' `init_distrib` refuses it (the launcher does not read it on one node)
+    p = doctor('--bench', '--json', '--nproc', 2, '--max-size', '4K', env={'GLOO_SOCKET_IFNAME': 'nope0'}, timeout=90)
     r = json.loads(p.stdout)
     assert p.returncode==1 and 'bench' not in r
-    assert [c['value'] for c in r['checks'] if c['name']=='bench']==["the ranks failed (exit code 1)"]
-    assert "ValueError: could not convert string to float: 'abc'" in p.stderr
+    assert [c['value'] for c in r['checks'] if c['name']=='bench']==["the ranks failed (exit code 2)"] # bad input: the ranks' code
+    assert "DistribError: GLOO_SOCKET_IFNAME=nope0: no interface nope0 on this host" in p.stderr, p.stderr[-2000:]
