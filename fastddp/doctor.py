@@ -151,8 +151,8 @@ def dist_env():
 
 def env_check(e:dict): # from `dist_env`
     "Warn about a world size left in the shell, outside any launcher (launchers set it with MASTER_ADDR); fail on a timeout not in seconds"
-    for k,d,z in (('FASTDDP_TIMEOUT', 300, False), ('FASTDDP_FIRST_TIMEOUT', 3600, False), ('FASTDDP_STALL', 180, True)):
-        try: env_seconds(k, d, z, e)
+    for k in timeout_vars:
+        try: env_seconds(k, e)
         except DistribError as x: return chk('variables', f"{k}={e[k]}", False, str(x).split(': ', 1)[1]) # the variable is in `value`
     ws = e.get('WORLD_SIZE')
     if ws and ws!='1' and 'MASTER_ADDR' not in e:

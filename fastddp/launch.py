@@ -197,8 +197,8 @@ def launch_config(a, tmp:str=None): # the launcher's temporary folder for the lo
                                                                     f"{a.nnodes}")
     if a.max_restarts<0: raise LaunchError(f"--max-restarts {a.max_restarts}: must be 0 or more")
     if a.nnodes>1 and a.master_port is None: raise LaunchError("--nnodes > 1 needs --master-addr and --master-port, the same on every node")
-    for f in (distrib_timeout, first_timeout, stall_time): # every rank reads them: one line here, not a traceback from each rank
-        try: f()
+    for k in timeout_vars: # every rank reads them: one line here, not a traceback from each rank
+        try: env_seconds(k)
         except DistribError as e: raise LaunchError(str(e)) from e
     e = bind_error(a.master_port, a.master_addr) if a.master_port is not None and a.node_rank==0 else None
     if isinstance(e, socket.gaierror): raise LaunchError(f"--master-addr {a.master_addr}: no such host ({e.strerror})")
