@@ -109,9 +109,11 @@ def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation. Rank 0's error is every rank's"
     if args or kwargs: func = partial(func, *args, **kwargs)
     use_slurm()
-    if world_size()>1: setup_distrib()
-    # made by every rank before rank 0 starts; not the training's group, whose FASTDDP_TIMEOUT would end a long download
-    g = flag_group(first_timeout())
+    g = None
+    if world_size()>1:
+        setup_distrib()
+        # made by every rank before rank 0 starts; not the training's group, whose FASTDDP_TIMEOUT would end a long download
+        g = flag_group(first_timeout())
     err = None
     if is_rank0():
         try: res = func()
