@@ -98,12 +98,27 @@ def _rank0_word(err, func, g):
     except RuntimeError as e: lost = e # gloo's: the wait timed out, or a peer's connection closed
     else: return res[0]
     if err is not None: raise err # rank 0's own failure says more than the others' absence
+    raise _lost(func, lost) from lost
+
+def _lost(func, e, ran=True):
+    "This rank's wait for rank 0 to run `func` (`ran`: rank 0 had started it) ended by gloo's error `e`, in one `DistribError`"
     what = _name(func)
-    if is_rank0(): msg = f"rank 0 ran {what} first, and the other ranks had stopped waiting (their output says why)"
-    elif 'Timed out' in str(lost): msg = (f"rank {rank()} waited {first_timeout().total_seconds():g} s (FASTDDP_FIRST_TIMEOUT) for rank 0 "
-                                          f"to run {what} first: a longer download or tokenisation needs a larger FASTDDP_FIRST_TIMEOUT")
-    else: msg = f"rank {rank()}: rank 0 stopped while it ran {what} first (its output says why)"
-    raise DistribError(msg) from lost
+    if is_rank0(): return DistribError(f"rank 0 {'ran' if ran else 'was to run'} {what} first, and the other ranks had stopped waiting "
+                                       "(their output says why)")
+    if 'Timed out' in str(e): return DistribError(f"rank {rank()} waited {first_timeout().total_seconds():g} s (FASTDDP_FIRST_TIMEOUT) "
+                                                  f"for rank 0 to run {what} first: a longer download or tokenisation needs a larger "
+                                                  "FASTDDP_FIRST_TIMEOUT")
+    return DistribError(f"rank {rank()}: rank 0 stopped while it ran {what} first (its output says why)")
+
+def _first_group(func):
+    "The gloo group `rank0_first` waits on, which every rank has finished joining before rank 0 starts `func`"
+    # not the training's group, whose FASTDDP_TIMEOUT would end a long download
+    g = flag_group(first_timeout())
+    # gloo connects a new group's ranks pair by pair, and one rank can be through while another is still connecting: without this
+    # barrier a rank 0 that ends at once (a kill, the OOM killer) reset that connection, and the others got torch's traceback
+    try: dist.barrier(group=g)
+    except RuntimeError as e: raise _lost(func, e, ran=False) from e
+    return g
 
 def rank0_first(func, *args, **kwargs):
     "Run `func` on rank 0 first, then on the other ranks: downloads, extraction, tokenisation. Rank 0's error is every rank's"
@@ -112,8 +127,7 @@ def rank0_first(func, *args, **kwargs):
     g = None
     if world_size()>1:
         setup_distrib()
-        # made by every rank before rank 0 starts; not the training's group, whose FASTDDP_TIMEOUT would end a long download
-        g = flag_group(first_timeout())
+        g = _first_group(func)
     err = None
     if is_rank0():
         try: res = func()
