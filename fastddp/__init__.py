@@ -35,7 +35,9 @@ def _add_placeholders():
         if not hasattr(L, o): setattr(L, o, _on_first_use(o))
 
 # %% ../nbs/00_init.ipynb #9f7f80dc
-_hooks = {} # module name -> functions to call with the module once it has executed
+# module name -> functions to call with the module once it has executed; an `importlib.reload(fastddp)` (`%autoreload` after the
+# file changed) keeps what the modules loaded before it asked for, which it does not run again
+_hooks = globals().get('_hooks', {})
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     "fastddp's one import hook: call a module's `after_import` functions once it has executed, then `_patch`"
@@ -64,7 +66,8 @@ def after_import(name:str, # a module's full name
     _hooks.setdefault(name, []).append(f)
     if name in sys.modules: f(sys.modules[name])
 
-if not any(isinstance(o, _AfterImport) for o in sys.meta_path): sys.meta_path.insert(0, _AfterImport())
+def _ours(o): return type(o).__name__=='_AfterImport' and type(o).__module__==__name__ # a reload's class is another class
+if not any(map(_ours, sys.meta_path)): sys.meta_path.insert(0, _AfterImport())
 after_import('fastai.learner', lambda m: _add_placeholders())
 after_import('fastai.distributed', lambda m: None) # its `_patch` runs once it has executed
 _patch()
