@@ -48,6 +48,7 @@ check: $(BIN)/.ok
 	cp -p pyproject.toml $(VENV)/.pyproject && $(BIN)/nbdev-export && \
 	  { cmp -s pyproject.toml $(VENV)/.pyproject && touch -r $(VENV)/.pyproject pyproject.toml; rm -f $(VENV)/.pyproject; }
 	$(BIN)/python tools/lines.py
+	$(BIN)/python tools/nbvalid.py
 	$(BIN)/python tools/bench_page.py >/dev/null
 	$(BIN)/nbdev-clean
 	$(BIN)/python tools/readme.py --check

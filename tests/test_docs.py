@@ -1,5 +1,5 @@
 "The documentation site: built offline by `make docs`'s builder, served on localhost, and opened in headless Chromium"
-import os, re, sys, shutil, socket, struct, subprocess, time, importlib
+import os, re, sys, json, shutil, socket, struct, subprocess, time, importlib, importlib.util
 from pathlib import Path
 from urllib.parse import urldefrag
 import pytest, yaml
@@ -28,6 +28,17 @@ def test_quarto_config():
     assert not missing, f"add {sorted(missing)} to nbs/sidebar.yml (custom_sidebar = true: Quarto shows only what it lists)"
     stale = set(sidebar_pages())-set(notebooks())
     assert not stale, f"nbs/sidebar.yml names {sorted(stale)}, which nbs/ does not have"
+
+def test_notebooks_valid(tmp_path):
+    "Every notebook is one nbformat (Jupyter, nbconvert) reads without complaint; `tools/nbvalid.py` (`make check`) finds one that is not"
+    spec = importlib.util.spec_from_file_location('nbvalid', ROOT/'tools'/'nbvalid.py')
+    nv = importlib.util.module_from_spec(spec); spec.loader.exec_module(nv)
+    nbs = [p for p in sorted(NBS.rglob('*.ipynb')) if not any(o.startswith('.') for o in p.relative_to(NBS).parts)]
+    assert nv.invalid(nbs)==[]
+    nb = json.loads((NBS/'00_init.ipynb').read_text())
+    nb['cells'][1]['id'] = None # as a script that edits the JSON may leave a new cell
+    (tmp_path/'bad.ipynb').write_text(json.dumps(nb))
+    assert nv.invalid([tmp_path/'bad.ipynb'])==[f"{tmp_path/'bad.ipynb'}: None is not of type 'string' (at cells/1/id)"]
 
 BUILD = {} # what the `site` fixture's build printed
 
