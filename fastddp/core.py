@@ -244,7 +244,7 @@ def pick_iface(master:str, # the master's host name or address
                                "reach: give the master's address on the network between the hosts (or set GLOO_SOCKET_IFNAME)")
     os.environ['GLOO_SOCKET_IFNAME'] = name
     if not os.environ.get('NCCL_SOCKET_IFNAME'): os.environ['NCCL_SOCKET_IFNAME'] = name
-    return f"network interface {name} ({src}), which reaches the master {master}"
+    return f"network interface {name} ({src})"+(" (--iface)" if iface else f", which reaches the master {master}")
 
 # %% ../nbs/00_core.ipynb #8fae6690
 def first_host(nodes:str): # a SLURM node list such as 'node[07-09,12],gpu1'

@@ -173,7 +173,8 @@ def _parser():
     p.add_argument('--node-rank', type=int, default=0, help="rank of this machine")
     p.add_argument('--master-addr', default='127.0.0.1', help="address of the machine with node rank 0")
     p.add_argument('--master-port', type=int, default=None, help="port on that machine (default: a free one, single node only)")
-    p.add_argument('--iface', default=None, help="network interface to the other nodes (default: the one that reaches --master-addr)")
+    p.add_argument('--iface', default=None,
+                   help="network interface to the other nodes (default: the one that reaches --master-addr; on one node, none)")
     p.add_argument('--log-dir', default=None, metavar='DIR', help="keep every rank's output in "
                    "DIR/<run>/attempt_<k>/<rank>/{stdout,stderr}.log (rank 0's console lines then come prefixed [rank0]:)")
     p.add_argument('script', nargs='?', help="the training script") # optional here, so that its absence gets a line of its own
@@ -210,7 +211,9 @@ def launch_config(a, tmp:str=None): # the launcher's temporary folder for the lo
                           f"or leave it out on a single node" if e.errno==errno.EADDRINUSE else
                           f"--master-port {a.master_port}: cannot listen on {a.master_addr} ({e.strerror})")
     n,vis,msg = plan_procs(a.gpus, a.nproc)
-    if a.nnodes>1: # gloo would bind to the address the host name resolves to, often a loopback one: choose the interface
+    # several nodes: gloo would bind to the address the host name resolves to, often a loopback one: choose the interface. One node:
+    # only when asked, so that a misspelt --iface says so now, not on the first run across hosts
+    if a.nnodes>1 or a.iface is not None:
         try: net = pick_iface(a.master_addr, a.iface)
         except DistribError as e: raise LaunchError(str(e)) from e
         if net: msg = f"{msg}; {net}" if msg else net

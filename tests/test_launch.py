@@ -115,7 +115,8 @@ def test_busy_port_given(tmp_path):
     (['--gpus', '7', 'S'], 'GPU 7 does not exist'),
     (['--nproc', '0', 'S'], '--nproc 0: at least 1 process'),
     (['--gpus', '0,,1', 'S'], "expected 'all' or comma-separated GPU ids"),
-    (['--nnodes', '2', '--node-rank', '2', 'S'], '--node-rank 2: must be in 0..1')])
+    (['--nnodes', '2', '--node-rank', '2', 'S'], '--node-rank 2: must be in 0..1'),
+    (['--iface', 'nosuch0', 'S'], '--iface nosuch0: no such interface with an IPv4 address on this host')]) # one node: checked too
 def test_bad_input(argv, msg, tmp_path, capsys):
     "Bad input: one line of error, exit code 2, nothing started"
     scr = tmp_path/'s.py'; scr.write_text("open(__file__+'.ran','w')")
