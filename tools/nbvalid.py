@@ -4,7 +4,7 @@ A cell whose `id` is not a string (a null one, written by a script that edited t
 it opens it, and nbformat's validation fail; `nbdev-clean` leaves it. Prints `path: what is wrong (at cells/K/key)` for each notebook
 that fails and exits 1 if any does. `make check` runs it.
 Usage: `python tools/nbvalid.py [NOTEBOOK ...]` (no argument: the tracked notebooks)"""
-import sys, subprocess
+import sys
 from pathlib import Path
 import nbformat
 
@@ -20,8 +20,8 @@ def invalid(paths): # notebook files
     return res
 
 if __name__=='__main__':
-    ps = sys.argv[1:] or [ROOT/p for p in subprocess.run(['git', 'ls-files', 'nbs/*.ipynb'], cwd=ROOT, capture_output=True, text=True,
-                                                         check=True).stdout.splitlines()]
+    from lines import tracked # tools/lines.py's list of the files git tracks (this folder is on the path of a script run from it)
+    ps = sys.argv[1:] or [ROOT/p for p in tracked('nbs/*.ipynb')]
     bad = invalid(ps)
     for o in bad: print(o)
     if bad: sys.exit(f"nbvalid: {len(bad)} notebook(s) that nbformat finds invalid")
