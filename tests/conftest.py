@@ -23,6 +23,18 @@ def pytest_unconfigure(config):
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 
+# Every Python process the suite starts loads tests/site/sitecustomize.py (it says what it does: a faster exit, 1.3 s of CPU a process),
+# except those of the tests that ask for `natural_exit`
+SITE = str(HERE/'site')
+def _without_site(): return [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p and p!=SITE]
+os.environ['PYTHONPATH'] = os.pathsep.join([SITE]+_without_site())
+
+@pytest.fixture
+def natural_exit(monkeypatch):
+    "The processes this test starts exit as CPython does, with its last garbage collections (no tests/site/sitecustomize.py)"
+    if _without_site(): monkeypatch.setenv('PYTHONPATH', os.pathsep.join(_without_site()))
+    else: monkeypatch.delenv('PYTHONPATH')
+
 def has_cuda():
     import torch
     return torch.cuda.is_available()

@@ -7,6 +7,8 @@ S = ROOT/'scripts'
 CASES = {'tabular': ('tabular_ddp.py', ['--synthetic', '400', '--bs', '32', '--epochs', '1']),
          'pets': ('pets_ddp.py', ['--synthetic', '148', '--size', '32', '--bs', '16', '--arch', 'resnet18', '--no-pretrained'])}
 KEYS = {'task','world_size','epochs','valid_loss','metrics','sec_per_epoch','samples_per_s','comm_mib','wrapper','precision','history'}
+# the scripts as users run them: their processes exit as CPython does (the rest of the suite's skip its last garbage collections)
+pytestmark = pytest.mark.usefixtures('natural_exit')
 
 # a plain fastai environment: no `import fastddp`, and the tabular script's own validation set rebuilt
 EVAL = '''
@@ -39,6 +41,15 @@ def check_run(name, n, rs, out, data):
     ev = json.loads(p.stdout.strip().splitlines()[-1])
     if ev is not None: # the run's own numbers = one process's evaluation of the exported model
         assert abs(ev[0]-m['valid_loss'])<1e-5 and abs(ev[1]-m['metrics']['accuracy'])<1e-5, (ev, m)
+
+def test_natural_exit():
+    "This module's processes load no tests/site/sitecustomize.py; the rest of the suite's do"
+    import os
+    from conftest import SITE
+    code = 'import sys; print(getattr(sys.modules.get("sitecustomize"), "__file__", None))'
+    run = lambda env: subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env).stdout.strip()
+    assert run(None)=='None', run(None)
+    assert run({**os.environ, 'PYTHONPATH': SITE})==f'{SITE}/sitecustomize.py'
 
 @pytest.mark.smoke
 def test_script(tmp_path):
