@@ -509,12 +509,14 @@ def show_result(fname, # the JSON file to write, or None to only print
 
 
 # %% ../nbs/07_bench.ipynb #2964ac1a
-# the workloads of issue 36's table: steps per block, and the dtype
-gpu_workloads = [dict(name='MLP 64-512-512-10, batch 64', arch='mlp', size=64, bs=64, steps=300, bf16=False),
-                 dict(name='resnet18 at 64 px, batch 256, fp32', arch='resnet18', size=64, bs=256, steps=60, bf16=False),
-                 dict(name='resnet50 at 224 px, batch 128, bf16', arch='resnet50', size=224, bs=128, steps=30, bf16=True)]
-# `--device cpu`: the same models, small enough to train in seconds, the batches made in the main process
-cpu_workloads = [dict(w, name=f"{w['arch']} at 16 px, batch 4, no workers (tiny)", size=16, bs=4, workers=0) for w in gpu_workloads]
+# the workloads of issue 36's table: steps per block, the dtype and SGD's learning rate (momentum 0.9)
+gpu_workloads = [dict(name='MLP 64-512-512-10, batch 64', arch='mlp', size=64, bs=64, steps=300, bf16=False, lr=0.01),
+                 dict(name='resnet18 at 64 px, batch 256, fp32', arch='resnet18', size=64, bs=256, steps=60, bf16=False, lr=0.01),
+                 dict(name='resnet50 at 224 px, batch 128, bf16', arch='resnet50', size=224, bs=128, steps=30, bf16=True, lr=0.01)]
+# `--device cpu`: the same models, small enough to train in seconds, the batches made in the main process. A tenth of the rate: at
+# 0.01 the tiny resnet50 (BatchNorm over 4 samples of 1x1 maps in its last stages) reached NaN on every side within 40 steps
+cpu_workloads = [dict(w, name=f"{w['arch']} at 16 px, batch 4, no workers (tiny)", size=16, bs=4, workers=0, lr=1e-3)
+                 for w in gpu_workloads]
 
 def shape_flops(model, xb):
     "Training FLOPs of batch `xb` from the layer shapes: 2 per multiply-add of the conv and linear layers, the backward twice the forward"
@@ -532,10 +534,11 @@ def shape_flops(model, xb):
 def _n_syncs(log): return sum('called a synchronizing CUDA operation' in str(w.message) for w in log)
 
 class Paired(Callback):
-    "Alternate timed blocks within a fit: `n` of this fit's training steps, then `n` of `hand`'s, the GPU drained at each end"
+    ("Alternate timed blocks within a fit: `n` of this fit's training steps, then `n` of `hand`'s, the GPU drained at each end; "
+     "each block's last training loss, read once the block is timed")
     order = 1e9 # after every other callback's `after_batch`: a block ends with its last step whole
     def __init__(self, hand, n:int, blocks:int, warmup:int):
-        store_attr(); self.i,self.a,self.b,self.sa,self.sb,self.log = 0,[],[],[],[],[]
+        store_attr(); self.i,self.a,self.b,self.sa,self.sb,self.la,self.lb,self.log = 0,[],[],[],[],[],[],[]
     def _mode(self, on):
         if torch.cuda.is_available(): torch.cuda.set_sync_debug_mode('warn' if on else 0)
     def _start(self): self.n0 = _n_syncs(self.log); self._mode(True); self.t0 = time.perf_counter()
@@ -548,9 +551,9 @@ class Paired(Callback):
         if self.i<self.warmup: return
         if self.i==self.warmup: self.hand.steps(self.warmup); _sync(); return self._start() # both sides warmed up
         if (self.i-self.warmup)%self.n: return
-        t,s = self._stop(); self.a.append(t); self.sa.append(s)
-        self._start(); self.hand.steps(self.n)
-        t,s = self._stop(); self.b.append(t); self.sb.append(s)
+        t,s = self._stop(); self.a.append(t); self.sa.append(s); self.la.append(self.learn.loss.item())
+        self._start(); loss = self.hand.steps(self.n)
+        t,s = self._stop(); self.b.append(t); self.sb.append(s); self.lb.append(loss.item())
         if len(self.a)==self.blocks: raise CancelFitException()
         self._start()
 
@@ -559,14 +562,15 @@ def _gpu_learn(w, dev, ds, valid):
     "fastddp's side of workload `w`: a `Learner` over fastai's loaders (workers at fastai's default unless `w` says), bf16 if `w` asks"
     nw = w.get('workers')
     dls = DataLoaders.from_dsets(ds, valid, bs=w['bs'], device=dev, **({} if nw is None else dict(num_workers=nw)))
-    learn = Learner(dls, _model(w['arch']), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=0.01)
+    learn = Learner(dls, _model(w['arch']), loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), lr=w['lr'])
     return learn.to_bf16() if w['bf16'] else learn
 
 def _hand(w, dev, ds):
     "The hand-written side of workload `w`: `HandLoop` with `w`'s workers, or (`w` leaves them) fastddp's count, 8 at most"
     from fastddp.handloop import HandLoop
     nw = w.get('workers')
-    return HandLoop(_model(w['arch']), ds, w['bs'], dev, w['bf16'], workers=min(8, n_workers()) if nw is None else nw)
+    return HandLoop(_model(w['arch']), ds, w['bs'], dev, w['bf16'], workers=min(8, n_workers()) if nw is None else nw,
+                    lr=w['lr'])
 
 def gpu_pair(w:dict, # a workload of `gpu_workloads`
              dev, # the torch device
@@ -593,6 +597,7 @@ def gpu_pair(w:dict, # a workload of `gpu_workloads`
         with learn.distrib_ctx(**(ctx or {})): learn.fit(1)
     learn.remove_cb(p)
     return dict(name=w['name'], bs=bs, steps=n, fastddp_s=p.a, hand_s=p.b, fastddp_syncs=p.sa, hand_syncs=p.sb, flops_per_sample=fl,
+                fastddp_loss=p.la, hand_loss=p.lb,
                 peak=device_peak('bfloat16' if w['bf16'] else 'float32', dev) if dev.type=='cuda' else None)
 
 def gpu_data_wait(w:dict, dev, n:int=40, warmup:int=10, ctx:dict=None):
@@ -634,6 +639,13 @@ def gpu_bench(device:str='cuda', # 'cuda', or 'cpu' for the tiny workloads
 # %% ../nbs/07_bench.ipynb #07fa608a
 def _mfu(fl, bs, s, n, pk): return None if not fl or not pk else fl*bs*n/statistics.median(s)/pk
 
+def _losses(r):
+    "A line on the training losses that ended the blocks: finite on both sides, or the rows where one was not (none where not recorded)"
+    rs = [o for o in r['rows'] if 'fastddp_loss' in o] # results saved before the losses were recorded have none
+    bad = [o['name'] for o in rs if not all(map(math.isfinite, o['fastddp_loss']+o['hand_loss']))]
+    if bad: return f"\n\n**Diverged**: a block ended with a loss that is not finite in {'; '.join(bad)}: these ratios time a broken run."
+    return "\n\nEvery block ended with a finite training loss on both sides." if rs else ""
+
 def gpu_table(r:dict): # `gpu_bench`'s result
     "Markdown: ms per step of each side, the paired ratios, host syncs per step, MFU"
     f = lambda v: '-' if v is None else f'{v:.3f}'
@@ -651,7 +663,7 @@ def gpu_table(r:dict): # `gpu_bench`'s result
                   f"**{statistics.median(rs):.2f}** ({min(rs):.2f}-{max(rs):.2f}) | {sy} | "
                   f"{f(_mfu(fl['throughput'], o['bs'], a, n, pk))} / {f(_mfu(fl['shapes'], o['bs'], a, n, pk))} | "
                   f"{f(_mfu(fl['shapes'], o['bs'], b, n, pk))} | {dw} |")
-    return '\n'.join(ls)+"\n\nThe hand-written loop: [`fastddp.handloop`](handloop.html)."
+    return '\n'.join(ls)+_losses(r)+"\n\nThe hand-written loop: [`fastddp.handloop`](handloop.html)."
 
 # %% ../nbs/07_bench.ipynb #eb8d3484
 def _what(model, size, bs, steps, warmup, reps, hooks=True):
