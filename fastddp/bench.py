@@ -559,6 +559,10 @@ class Paired(Callback):
         self._start()
 
 # %% ../nbs/07_bench.ipynb #5dc61ff9
+def _samples(w):
+    "The inputs and targets workload `w` holds in memory: `samples` of them, or twice a batch"
+    return _data(w.get('samples', 2*w['bs']), w['size'], w['arch'])
+
 def _gpu_learn(w, dev, ds, valid):
     "fastddp's side of workload `w`: a `Learner` over fastai's loaders (workers at fastai's default unless `w` says), bf16 if `w` asks"
     nw = w.get('workers')
@@ -582,7 +586,7 @@ def gpu_pair(w:dict, # a workload of `gpu_workloads`
     from fastai.distributed import DistributedTrainer # `distrib_ctx`
     from fastddp.handloop import InMemory
     arch,bs,n = w['arch'],w['bs'],n or w['steps']
-    x,y = _data(w.get('samples', 2*bs), w['size'], arch)
+    x,y = _samples(w)
     ds = InMemory(x, y, n=bs*(warmup+n*(blocks+1)))
     hand = _hand(w, dev, ds)
     learn = _gpu_learn(w, dev, ds, InMemory(x[:bs], y[:bs]))
@@ -603,7 +607,7 @@ def gpu_pair(w:dict, # a workload of `gpu_workloads`
 def gpu_data_wait(w:dict, dev, n:int=40, warmup:int=10, ctx:dict=None):
     "The share of fastddp's training step that `TimeCost` finds waiting for data (its copy included) on workload `w`, alone"
     from fastddp.handloop import InMemory
-    x,y = _data(w.get('samples', 2*w['bs']), w['size'], w['arch'])
+    x,y = _samples(w)
     learn = _gpu_learn(w, dev, InMemory(x, y, n=w['bs']*(warmup+n)), InMemory(x[:w['bs']], y[:w['bs']]))
     tc = TimeCost(skip=warmup, show=False) # the figure goes in the table, not a report
     learn.add_cb(tc)

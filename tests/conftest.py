@@ -32,7 +32,8 @@ os.environ['PYTHONPATH'] = os.pathsep.join([SITE]+_without_site())
 @pytest.fixture
 def natural_exit(monkeypatch):
     "The processes this test starts exit as CPython does, with its last garbage collections (no tests/site/sitecustomize.py)"
-    if _without_site(): monkeypatch.setenv('PYTHONPATH', os.pathsep.join(_without_site()))
+    rest = _without_site()
+    if rest: monkeypatch.setenv('PYTHONPATH', os.pathsep.join(rest))
     else: monkeypatch.delenv('PYTHONPATH')
 
 def has_cuda():
