@@ -33,7 +33,7 @@ class Seen(Callback):
     def after_train(self):
         if self.in_steps: torch.cuda.set_sync_debug_mode(0); self.in_steps = False
 
-def fit(prefetch, bf16=False): # prefetch None: distrib_ctx's default
+def fit(prefetch, half=None): # prefetch None: distrib_ctx's default; half: 'bf16' or 'fp16'
     set_seed(0)
     x,y = torch.randn(n, 3, size, size),torch.randint(0, 10, (n,))
     ds = [(TensorImage(x[i]), TensorCategory(y[i])) for i in range(n)]
@@ -41,7 +41,8 @@ def fit(prefetch, bf16=False): # prefetch None: distrib_ctx's default
     m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                       nn.Linear(32, 10))
     learn = Learner(dls, m, loss_func=CrossEntropyLossFlat(), opt_func=partial(SGD, mom=0.9), cbs=Seen())
-    if bf16: learn.to_bf16()
+    if half=='bf16': learn.to_bf16()
+    if half=='fp16': learn.to_fp16()
     with warnings.catch_warnings(record=True) as ws:
         warnings.simplefilter('always')
         with learn.distrib_ctx(**({} if prefetch is None else dict(prefetch=prefetch))): learn.fit(2, 0.01)
@@ -57,7 +58,9 @@ res = dict(gpu=gpu, same_batches=len(a['xs'])==len(b['xs'])>0 and all(torch.equa
            same_weights=all(torch.allclose(p, q, atol=1e-5) if gpu else torch.equal(p, q) for p,q in zip(a['ps'], b['ps'])),
            on=(a['on'], b['on']), prefetch_cb=('Prefetch' in a['cbs_in'], 'Prefetch' in b['cbs_in']), after=a['cbs_after'],
            steps=a['steps'], syncs=(a['syncs'], b['syncs']), first_syncs=(a['first_syncs'], b['first_syncs']))
-if gpu: c = fit(None, bf16=True); res.update(bf16_syncs=c['syncs'], bf16_first=c['first_syncs'])
+if gpu:
+    c,d = fit(None, 'bf16'),fit(None, 'fp16')
+    res.update(bf16_syncs=c['syncs'], bf16_first=c['first_syncs'], fp16_syncs=d['syncs'], fp16_steps=d['steps'])
 report(**res)
 '''
 
@@ -73,12 +76,14 @@ def test_cpu_noop():
 @pytest.mark.cuda
 def test_gpu():
     ("One GPU under the launcher: with `Prefetch` the same batches and weights as without, and no host sync in a training step "
-     "(counted by CUDA, the bar printing) in fp32 and bf16; fastai's blocking copy syncs at every step")
+     "(counted by CUDA, the bar printing) in fp32 and bf16, one in fp16 (torch's GradScaler); fastai's blocking copy syncs at every step")
     rs = run_ranks(SCRIPT, n=1, timeout=600)
     o = rs[0]
     assert o['gpu'] and o['on']==([True], [False]) and o['prefetch_cb']==(True, False) and o['after']==[]
     assert o['same_batches'] and o['same_weights'], o
     assert o['syncs'][0]==0 and o['bf16_syncs']==0, (o['syncs'], o['first_syncs'], o['bf16_first'])
+    # fp16: GradScaler reads its found-inf flag on the host, to skip a step; fastai's `get_scale()` at each step was a second read
+    assert o['fp16_syncs']==o['fp16_steps'], (o['fp16_syncs'], o['fp16_steps'])
     assert o['syncs'][1]>=o['steps'], o['syncs'] # the counter sees fastai's `to_device(non_blocking=False)`
     assert rs.out.count('side stream')==1 # said once
 
