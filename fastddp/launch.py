@@ -27,36 +27,53 @@ def _n_gpus():
     return torch.cuda.device_count()
 
 # %% ../nbs/01_launch.ipynb #5845e361
-def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2'
-               n_gpus:int): # GPUs on this machine
-    "GPU ids that `gpus` names, checked against the `n_gpus` this machine has"
+def parse_gpus(gpus:str, # 'all', or GPU ids such as '0,2': positions among the visible GPUs
+               n_gpus:int, # GPUs visible here
+               visible:str=None): # the CUDA_VISIBLE_DEVICES inherited, if any (for the message)
+    "GPU ids that `gpus` names, checked against the `n_gpus` visible here"
     if gpus=='all': return list(range(n_gpus))
     try: ids = [int(o) for o in gpus.split(',')]
     except ValueError: raise LaunchError(f"--gpus {gpus!r}: expected 'all' or comma-separated GPU ids such as 0,1") from None
     if len(set(ids))<len(ids) or min(ids)<0: raise LaunchError(f"--gpus {gpus!r}: each GPU id once, none negative")
     bad = [i for i in ids if i>=n_gpus]
-    if bad: raise LaunchError(f"--gpus {gpus!r}: GPU {bad[0]} does not exist; this machine has {n_gpus or 'no'} GPU(s)"
-                              +("" if n_gpus else ": leave --gpus out to run CPU processes"))
-    return ids
+    if not bad: return ids
+    msg = f"--gpus {gpus!r}: GPU {bad[0]} does not exist; "
+    if not n_gpus: raise LaunchError(msg+(f"no GPU is visible (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else
+                                          "this machine has no GPU(s)")+": leave --gpus out to run CPU processes")
+    # a SLURM user who knows the job's GPUs as 2,3 may name them so: the ids count from 0 within them
+    if visible is not None: raise LaunchError(msg+f"{n_gpus} GPU(s) are visible (CUDA_VISIBLE_DEVICES={visible}) and --gpus numbers "
+                                              f"them 0..{n_gpus-1}, so --gpus 0 is device {visible.split(',')[0].strip()}")
+    raise LaunchError(msg+f"this machine has {n_gpus} GPU(s)")
 
 # %% ../nbs/01_launch.ipynb #8b8478bf
-def plan_procs(gpus:str='all', # `--gpus`
+def _pick(ids:list, # positions among the visible GPUs
+          visible:str=None): # the CUDA_VISIBLE_DEVICES inherited; None: every GPU of the machine is visible
+    "`CUDA_VISIBLE_DEVICES` for the GPUs at `ids`"
+    if visible is None: return ','.join(map(str, ids))
+    # the children read the variable afresh, so position 1 of SLURM's '2,3' is '3', not GPU 1; CUDA counts only the entries before the
+    # first invalid one, and `ids` stay below that count. UUIDs and MIG ids pass on as they are
+    vs = [o.strip() for o in visible.split(',')]
+    return ','.join(vs[i] for i in ids)
+
+def plan_procs(gpus:str='all', # `--gpus`: positions among the visible GPUs
                nproc:int=None, # `--nproc`: processes on this node
-               n_gpus:int=None): # GPUs on this machine (counted when None)
+               n_gpus:int=None, # GPUs visible here (counted when None)
+               visible:str=None): # the CUDA_VISIBLE_DEVICES inherited (this process's when `n_gpus` is counted)
     "`(nproc, CUDA_VISIBLE_DEVICES or None, message)` for this node"
     if nproc is not None and nproc<1: raise LaunchError(f"--nproc {nproc}: at least 1 process")
-    n_gpus = _n_gpus() if n_gpus is None else n_gpus
-    ids = parse_gpus(gpus, n_gpus)
+    # the count and the variable describe the same machine: read both here, or take both from the caller
+    if n_gpus is None: n_gpus,visible = _n_gpus(),os.environ.get('CUDA_VISIBLE_DEVICES')
+    ids = parse_gpus(gpus, n_gpus, visible)
     if not ids: # no GPU: CPU processes on gloo, and say so
         n = nproc or 2
         return n, None, f"no GPU found: starting {n} CPU process{'es' if n>1 else ''} with the gloo backend"
     if nproc and nproc>len(ids) and shared_gpu(): # ranks take turns on the GPUs over gloo (`fastddp.core.shared_gpu`)
-        vis = None if gpus=='all' else ','.join(map(str, ids))
+        vis = None if gpus=='all' else _pick(ids, visible)
         return nproc, vis, f"FASTDDP_SHARE_GPU=1: {nproc} processes share {len(ids)} GPU(s) over gloo (to test multi-rank code)"
     if nproc and nproc>len(ids): raise LaunchError(f"--nproc {nproc}: only {len(ids)} GPU(s) selected; nccl needs one GPU per process "
                                                    "(FASTDDP_SHARE_GPU=1 shares them over gloo, to test multi-rank code on one GPU)")
     ids = ids[:nproc or len(ids)]
-    vis = None if gpus=='all' and len(ids)==n_gpus else ','.join(map(str, ids))
+    vis = None if gpus=='all' and len(ids)==n_gpus else _pick(ids, visible)
     return len(ids), vis, None
 
 # %% ../nbs/01_launch.ipynb #e6769b47
