@@ -78,14 +78,18 @@ def _leaves(o, at=()):
     return [(at, o)]
 
 def opt_sig(opt):
-    "What tells two optimizer states apart: each entry's place and value, a tensor's shape and dtype and its sums (a copy per device type)"
+    "What tells two optimizer states apart: each entry's place and value, a tensor's shape and dtype, its sum and norm (per device type)"
     # all but the hyper-parameters, which the schedulers set alike on every rank: `Lookahead` adds its slow weights and step count
     leaves = _leaves({k:v for k,v in opt.state_dict().items() if k not in ('hypers', 'param_groups')})
     shape = [(k, tuple(v.shape), v.dtype) if isinstance(v, Tensor) else (k, v) for k,v in leaves]
     by_dev = {}
     for _,v in leaves:
         # keyed by the type, not the device: rank 1's state is on cuda:1 where rank 0's is on cuda:0
-        if isinstance(v, Tensor): t = v.detach().double(); by_dev.setdefault(v.device.type, []).extend([t.sum(), t.square().sum()])
+        if not isinstance(v, Tensor): continue
+        # summed in float64 inside the reduction: a float64 copy and its square would briefly take 4x a GPU tensor's memory (a large
+        # embedding's Adam state, at the start of every fit after the first). Integer tensors (step counts) are small: copied
+        t = v.detach() if v.is_floating_point() else v.detach().double()
+        by_dev.setdefault(v.device.type, []).extend([t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64)])
     nan = lambda xs: [x if x==x else 'nan' for x in xs] # a NaN equals no other: two diverged ranks would always differ
     return shape, {k: nan(torch.stack(v).tolist()) for k,v in by_dev.items()}
 
