@@ -57,16 +57,23 @@ def test_gpu_notebook_cells_fit_one_gpu():
     assert not bad, bad
 
 def test_gpu_steps_budget(tmp_path, monkeypatch):
-    ("`make test-gpu` keeps within its budget (one device call): a step still running at the deadline is stopped, the table is "
-     "written after each step ends; the benchmark's rows are judged against issue 36's targets, and a host sync fails its step")
+    ("`make test-gpu` keeps within its budget (one device call): a step past its own limit fails, one still running at the deadline "
+     "is stopped as 'not finished (budget)', not failed; the table is written after each step ends; the benchmark's rows are judged "
+     "against issue 36's targets, and a host sync fails its step")
     import time
     T = _tool('test_gpu')
     monkeypatch.setattr(T, 'LOGS', tmp_path)
-    cmds = dict(quick=[sys.executable, '-c', 'print("ok")'], slow=[sys.executable, '-c', 'import time; time.sleep(60)'])
+    slow = [sys.executable, '-c', 'import time; time.sleep(60)']
+    cmds = dict(quick=([sys.executable, '-c', 'print("ok")'], 60), slow=(slow, 2), cut=(slow, 60))
     seen,t0 = [],time.time()
-    res = T.finish([(n, 60, *T.start(n, c)) for n,c in cmds.items()], t0+5, lambda r: seen.append(sorted(r)))
+    res = T.finish([(n, secs, *T.start(n, c)) for n,(c,secs) in cmds.items()], t0+5, lambda r: seen.append(sorted(r)))
     assert res['quick'][:1]==('passed',) and res['quick'][2]=='ok' and res['slow'][0]=='FAILED (timeout)', res
-    assert time.time()-t0<15 and seen==[['quick'], ['quick', 'slow']], seen
+    assert res['cut'][0]=='not finished (budget)' and res['slow'][2].startswith('stopped at its 2 s'), res
+    assert time.time()-t0<15 and seen==[['quick'], ['quick', 'slow'], ['cut', 'quick', 'slow']], seen
+    v = tmp_path/'v.log'
+    v.write_text('tests/test_a.py::test_x PASSED  [ 50%]\n[gw1] [ 75%] PASSED tests/test_a.py::test_y \n'
+                 '[gw0] [100%] FAILED tests/test_b.py::test_z \nPASSED tests/test_a.py::test_x\n')
+    assert T._results(v)=='2 passed, 1 failed' # -v's lines as each test ends, with or without xdist; not -rA's summary
     row = lambda name, f, h, syncs: dict(name=name, fastddp_s=f, hand_s=h, fastddp_syncs=syncs)
     fn = tmp_path/'bench.json'
     fn.write_text(json.dumps(dict(rows=[row('MLP 64-512-512-10', [1.0]*5, [0.91]*5, [0]*5),
@@ -75,3 +82,90 @@ def test_gpu_steps_budget(tmp_path, monkeypatch):
     assert r=='passed' and 'MLP 0.91 (0.91-0.91) meets 0.9' in detail and 'resnet18 1.00 (0.94-1.00) UNDER 0.98' in detail, detail
     fn.write_text(json.dumps(dict(rows=[row('MLP 64-512-512-10', [1.0]*5, [1.0]*5, [0, 0, 1, 0, 0])])))
     assert T.bench_verdict(fn)==('FAILED (host syncs)', 'MLP 1.00 (1.00-1.00) meets 0.9; fastddp host syncs 1')
+
+# A driver in a process of its own: it makes itself the child subreaper, as `make test-gpu` does, which pytest must not become
+STOP = r"""
+import sys, json, time, importlib.util
+from pathlib import Path
+spec = importlib.util.spec_from_file_location('tg', sys.argv[1]); T = importlib.util.module_from_spec(spec); spec.loader.exec_module(T)
+d = Path(sys.argv[2]); T.LOGS = d
+assert T.subreaper()
+py = sys.executable
+# a rank in a session of its own (as torch's elastic agent starts them) that ignores SIGTERM, and a worker in the step's group
+rank = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open(os.environ['PIDS'], 'a').write(f'{os.getpid()} ');"
+        "time.sleep(60)")
+sh = lambda new: f"import subprocess, sys, os, time; subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session={new});"
+hang = sh(True)+sh(False)+"time.sleep(60)"
+leave = sh(True)+"time.sleep(1)" # ends at once, its rank still running
+groups = [[('hang', [py, '-c', hang], 3, None), ('leave', [py, '-c', leave], 20, None),
+           ('too long', [py, '-c', f"open({str(d/'started')!r}, 'w')"], 1000, None)]]
+t0 = time.time()
+res = T.run(groups, t0+60)
+print(json.dumps(dict(res=res, secs=time.time()-t0, left=T.stragglers(), unrun=T.unrun(res))))
+"""
+
+def test_gpu_steps_stop(tmp_path):
+    ("`make test-gpu` ends a step past its limit with every process it started: its process group, and ranks in sessions of their "
+     "own that ignore SIGTERM; what an ended step left running is ended before the next group; a step whose limit does not fit the "
+     "budget never starts, and is named as not run (budget), not as failed")
+    import time
+    pids = tmp_path/'pids'
+    p = subprocess.run([sys.executable, '-c', STOP, str(ROOT/'tools'/'test_gpu.py'), str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, 'PIDS': str(pids)})
+    assert p.returncode==0, p.stdout[-2000:]+p.stderr[-2000:]
+    out = json.loads(p.stdout.splitlines()[-1])
+    res = out['res']
+    assert res['hang'][0]=='FAILED (timeout)' and res['leave'][0]=='passed' and res['too long'][0]=='not run (budget)', res
+    assert not (tmp_path/'started').exists() and out['left']=={} and out['secs']<30, out
+    assert 'too long' in out['unrun'] and 'hang' not in out['unrun'], out['unrun']
+    def alive(o):
+        try: return Path(f'/proc/{o}/stat').read_text().split(')')[-1].split()[0]!='Z'
+        except OSError: return False
+    ps = [int(o) for o in pids.read_text().split()]
+    time.sleep(0.5)
+    assert len(ps)==3 and not [o for o in ps if alive(o)], ps
+
+def test_gpu_install_check(tmp_path, monkeypatch):
+    ("After the offline install, `pip check`'s problems are printed as warnings and the install passes (a compiled wheel may not "
+     "match the image's numpy: only the IMDB step needs it); fastai or fastddp not importing fails the install")
+    T = _tool('test_gpu')
+    fake = tmp_path/'python'
+    pc = 'thinc 8.3.4 has requirement numpy<3.0.0,>=2.0.0, but you have numpy 1.26.4.'
+    fake.write_text('\n'.join(['#!/bin/sh', # `-m pip check`: one problem; `-c 'import fastai...'`: fails when BROKEN is set
+                               f'if [ "$2" = pip ]; then echo "{pc}"; exit 1; fi',
+                               'case "$2" in *fastai*) [ -n "$BROKEN" ] && { echo "ImportError: no fastcore" >&2; exit 1; };; esac',
+                               'exit 0', '']))
+    fake.chmod(0o755)
+    monkeypatch.setattr(T, 'LOGS', tmp_path); monkeypatch.setattr(T, 'PY', str(fake))
+    r,detail = T.check_install()
+    assert r=='passed' and detail.startswith('pip check WARNING, 1 line(s): thinc 8.3.4 has requirement'), detail
+    assert 'numpy 1.26.4' in (tmp_path/'pip_check.log').read_text()
+    monkeypatch.setenv('BROKEN', '1')
+    r,detail = T.check_install()
+    assert r=='FAILED (fastai/fastddp do not import)' and detail.startswith('ImportError: no fastcore; pip check WARNING'), detail
+
+MAIN = r"""
+import sys, importlib.util, torch
+from pathlib import Path
+spec = importlib.util.spec_from_file_location('tg', sys.argv[1]); T = importlib.util.module_from_spec(spec); spec.loader.exec_module(T)
+T.LOGS,T.BUDGET = Path(sys.argv[2]),60.
+torch.cuda.is_available,torch.cuda.get_device_name = lambda: True,lambda i: 'a fake GPU'
+T.install = lambda: ('passed', 'nothing to install')
+T.steps = lambda: [('quick', [sys.executable, '-c', 'print(1)'], 20, None), ('fails', [sys.executable, '-c', 'exit(3)'], 20, None),
+                   ('long bench', [sys.executable, '-c', 'print(1)'], 600, None)]
+sys.argv[1:] = sys.argv[3:]
+sys.exit(T.main())
+"""
+
+def test_gpu_main_budget(tmp_path):
+    ("`make test-gpu`'s exit status and table: a step the budget left out does not fail the run, and the table's first line names it; "
+     "a failed step does")
+    def main(*words):
+        p = subprocess.run([sys.executable, '-c', MAIN, str(ROOT/'tools'/'test_gpu.py'), str(tmp_path), *words], capture_output=True,
+                           text=True, timeout=120)
+        return p.returncode,(tmp_path/'summary.md').read_text().splitlines(),p.stdout+p.stderr
+    rc,md,out = main('quick', 'bench')
+    assert rc==0 and md[1].startswith('**Not run for lack of time (60 s budget, FASTDDP_GPU_BUDGET): long bench.**'), out
+    assert '| quick | passed |' in md[-2] and md[-1].startswith('| long bench | not run (budget) | 0 | its 600 s limit did not fit'), md
+    rc,md,out = main()
+    assert rc==1 and '| fails | FAILED (3) |' in '\n'.join(md), out
