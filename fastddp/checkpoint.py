@@ -324,6 +324,7 @@ def before_fit(self:Checkpoint):
     # `validate` and `get_preds` send `before_fit` too, holding `learn.lock` (a fit does not): they neither load nor save
     self.fitting = not validating(self.learn)
     if not self.fitting: return
+    flag_group() # `_save` gathers over it: made here, at one point of every rank's fit (`Preempt` makes it only with signals)
     self._lock() # before anything in the folder is read or moved
     try: self._start()
     except BaseException: # a checkpoint of another model, a signal: no `after_fit` comes to let go of the lock
@@ -510,14 +511,15 @@ def before_batch(self:Checkpoint):
 @patch
 def _save(self:Checkpoint, epoch, it):
     rec = getattr(self.learn, 'recorder', None)
-    # every rank's random state now, and as this epoch began (one exchange: a collective on every rank)
     sm,rk = _smoothers(self.learn) # the smoothed loss goes on as in an uninterrupted run (mid-epoch: with each rank's steps so far)
     ls = torch.stack(rk.losses).cpu() if rk is not None and rk.losses else None
-    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0, losses=ls))
-    gs = self._pending() # `Accumulate`'s micro-batches since the last optimizer step: each rank's own gradients, to the writer only
-    if gs is not None: gs = gather0(gs)
+    # every rank's random state now and as this epoch began, its losses, and `Accumulate`'s micro-batches since the last optimizer
+    # step (each rank's own gradients), to the writer only: one collective on every rank, over gloo. CPU objects all: under nccl
+    # torch would pickle them onto the GPUs, rank 0's holding world size times the largest (a 1B-parameter model's gradients at
+    # 8 ranks: 32 GB). The other ranks write nothing: their lists are empty
+    rs = gather0(dict(now=rng_state(self.learn), start=self.rng0, losses=ls, grads=self._pending()), group=flag_group()) or []
     st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, fit=self.n_fit, ws=world_size(), train_iter=self.train_iter, data=self.data,
-              plan=self.plan, steps=self.steps, grads=gs,
+              plan=self.plan, steps=self.steps, grads=[o['grads'] for o in rs] if rs and rs[0]['grads'] is not None else None,
               rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], losses=[o['losses'] for o in rs],
               smooth=(sm.val.detach().cpu(), sm.count) if sm is not None and isinstance(sm.val, Tensor) else None,
               history=[list(v) for v in rec.values] if rec is not None else None,

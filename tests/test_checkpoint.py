@@ -166,6 +166,23 @@ class Net(nn.Module):
     def __init__(self): super().__init__(); self.c,self.b,self.a = nn.Linear(64,1),nn.Linear(64,64),nn.Linear(3,64)
     def forward(self, x): return self.c(F.relu(self.b(F.dropout(self.a(x), 0.3, self.training))))
 '''
+# the object collectives `Checkpoint._save` makes, and whether each went over gloo's `flag_group`
+SPY = '''
+import torch.distributed as dist, fastddp.core as C
+objs,saving = [],[]
+def spy(f):
+    def g(*a, group=None, **k):
+        if saving: objs.append((f.__name__, any(group is o for o in C._flag_groups.values())))
+        return f(*a, group=group, **k)
+    return g
+dist.gather_object,dist.all_gather_object = spy(dist.gather_object),spy(dist.all_gather_object)
+_save = Checkpoint._save
+def save(self, *a):
+    saving.append(1)
+    try: return _save(self, *a)
+    finally: saving.pop()
+Checkpoint._save = save
+'''
 # with Accumulate(4) at 3 ranks, 6 steps an epoch: epoch 1's end falls 2 micro-batches after an optimizer step, and the resumed run's
 # first step is a micro-batch inside DDP's no_sync
 CK3 = CK.replace("torch.manual_seed(0)\n", NET+"torch.manual_seed(0)\n").replace(
@@ -173,17 +190,20 @@ CK3 = CK.replace("torch.manual_seed(0)\n", NET+"torch.manual_seed(0)\n").replace
     "from fastddp.checkpoint import Checkpoint, write_tmp",
     "from fastddp.checkpoint import Checkpoint, write_tmp\nfrom fastddp.train import Accumulate").replace(
     "learn.fit_one_cycle(n_ep, 0.01, cbs=Die())", "learn.fit_one_cycle(n_ep, 0.01, cbs=[Die(), Accumulate(4)])").replace(
-    "report(w=", "report(n=learn.train_iter, w=")
+    "report(w=", "report(n=learn.train_iter, objs=objs, w=").replace("t0 = time.time()\n", SPY+"t0 = time.time()\n")
 
 def test_resume_three_ranks(tmp_path, marker):
     ("At 3 ranks with Accumulate(4), a rank killed mid-epoch resumes from epoch 1's end to the uninterrupted weights bit for bit: "
      "the checkpoint holds each rank's gradients of the 2 micro-batches since the last optimizer step, and the resumed run's first "
      "reduction uses the buckets DDP had rebuilt by then (at 2 ranks a sum of two is the same in any layout), though its first step "
-     "is a micro-batch inside no_sync")
+     "is a micro-batch inside no_sync. Its checkpoints gathered the ranks' CPU state over gloo")
     import torch
     ref = run_ranks(CK3, n=3, args=[tmp_path/'ref', 'live', 2])
     rs = run_ranks(CK3, n=3, args=[tmp_path/'run', 'die', 2, marker], largs=['--max-restarts', '1'])
     assert [o['restart'] for o in rs]==['1']*3 and "resuming from" in rs.out and "ckpt_e0001_s000000.pth" in rs.out, rs.out[-2000:]
     assert ref[0]['n']==12 and "not bit-equal" not in rs.out, (ref[0]['n'], rs.out[-2000:]) # 6 steps an epoch
     for o in rs: assert torch.equal(_flat(o['w']), _flat(ref[0]['w'])), (_flat(o['w'])-_flat(ref[0]['w'])).abs().max()
+    # every checkpoint gathered the ranks' CPU state (random states, epoch 1's micro-batches' gradients) to rank 0 in one exchange over
+    # gloo, never over the training's group: under nccl its objects would be copied onto rank 0's GPU, world size times over
+    assert all(o['objs']==[('gather_object', True)]*2 for o in ref), [o['objs'] for o in ref]
     assert not wait_gone(marker, 10)
