@@ -163,27 +163,37 @@ def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the sha
     return fn
 
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a04
-def _alloc(k, md, ps):
-    "A tensor to load the saved entry `k` into: laid out like its parameter when it has its shape, else whole on every rank"
-    p = ps[k.split('.',1)[1].rsplit('.',1)[0]]
+def _alloc(k, md, ps, beside=()): # ids of the parameters whose torch optimizer is fused or capturable
+    "A tensor to load the saved entry `k` into: torch's `step` where torch keeps it, laid out like its parameter, else whole on every rank"
+    w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
+    p = ps[name]
+    dev = p.to_local().device if isinstance(p, DTensor) else p.device
+    # torch's `Optimizer.load_state_dict` leaves `step` on the CPU, where foreach Adam reads it (`.item()`: on a GPU a host sync per
+    # parameter and step), and puts it beside its parameter in float32 for fused and capturable ones. Before the shape: a 0-dim
+    # parameter has `step`'s
+    if w=='torch' and key=='step':
+        return torch.zeros(md.size, dtype=torch.float32, device=dev) if id(p) in beside else torch.zeros(md.size, dtype=md.properties.dtype)
     if tuple(md.size)==tuple(p.shape): return torch.zeros_like(p, dtype=md.properties.dtype)
-    return torch.zeros(md.size, dtype=md.properties.dtype, device=p.to_local().device if isinstance(p, DTensor) else p.device)
+    return torch.zeros(md.size, dtype=md.properties.dtype, device=dev)
 
 def load_sharded(learn, fn, meta:dict):
     "Load the sharded checkpoint folder `fn` into `learn`'s sharded model and its optimizer, at this run's world size"
     md = dcp.FileSystemReader(fn).read_metadata().state_dict_metadata
     ps = dict(learn.model.named_parameters())
     names = {id(p):k for k,p in ps.items()}
-    st = {'model': learn.model.state_dict(), 'opt': {k[4:]: _alloc(k[4:], v, ps) for k,v in md.items() if k.startswith('opt.')}}
+    opt,o = learn.opt,holder(learn.opt)
+    # the saved hyper-parameters first: whether a torch optimizer is fused or capturable says where its `step` goes
+    tg = o.opt.param_groups if isinstance(o, OptimWrapper) else []
+    for g,h in zip(tg or o.hypers, meta['hypers']['groups']): g.update(h)
+    beside = {id(p) for g in tg if g.get('fused') or g.get('capturable') for p in g['params']}
+    st = {'model': learn.model.state_dict(), 'opt': {k[4:]: _alloc(k[4:], v, ps, beside) for k,v in md.items() if k.startswith('opt.')}}
     dcp.load(st, storage_reader=dcp.FileSystemReader(fn))
     learn.model.load_state_dict(st['model'])
-    opt,o = learn.opt,holder(learn.opt)
     sts,slow = dict(state_dicts(opt)),{}
     for k,v in {**st['opt'], **meta['opt_other']}.items():
         w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
         if w=='slow': slow[name] = v
         else: sts[w][ps[name]][key] = v
-    for g,h in zip(o.opt.param_groups if isinstance(o, OptimWrapper) else o.hypers, meta['hypers']['groups']): g.update(h)
     if slow: opt.slow_weights = L(L(slow[k] for k in [names[id(p)] for p in pg]) for pg in opt.param_lists)
     if meta['hypers']['count'] is not None: opt.count = meta['hypers']['count']
 

@@ -159,6 +159,40 @@ def test_resume_cuda(tmp_path):
         assert rs[0]['dev']==ref['dev']==['cuda:0'], (rs[0]['dev'], ref['dev'])
         assert torch.equal(_flat(rs[0]['w']), _flat(ref['w'])) and torch.equal(rs[0]['cuda_rng'], ref['cuda_rng']), k
 
+# One rank on a GPU, sharded over itself (FSDP2), with torch's Adam (foreach on CUDA): killed mid-epoch (after the 13th of 10-step
+# epochs), then the same command again, which resumes from the shards
+SHARD_CUDA = '''
+import sys, os
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *; from fastddp.testing import report
+from fastddp.checkpoint import Checkpoint
+set_seed(0)
+x = torch.randn(40,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
+learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cuda'),
+                nn.Sequential(nn.Linear(3,8), nn.Dropout(0.2), nn.Linear(8,1)), loss_func=MSELossFlat(), path=sys.argv[1],
+                opt_func=partial(OptimWrapper, opt=torch.optim.Adam), cbs=Checkpoint(every=3))
+class Die(Callback):
+    def after_batch(self):
+        if self.training and self.train_iter==13 and sys.argv[2]=='die': os._exit(3)
+    def after_fit(self): self.learn.step_dev = sorted({str(s['step'].device) for s in self.opt.opt.state.values()})
+with learn.no_logging(), learn.distrib_ctx(shard=True, shard_min=1): learn.fit_one_cycle(3, 0.01, cbs=Die())
+report(w=[p.detach().cpu() for p in learn.model.parameters()], step_dev=learn.step_dev)
+'''
+
+@pytest.mark.cuda
+def test_sharded_resume_cuda(tmp_path):
+    ("On a GPU, sharded with torch's Adam and resumed mid-epoch from the shards: its `step` is on the CPU, where torch's own "
+     "load_state_dict leaves it (on the GPU, foreach Adam read it with `.item()`: a host sync per parameter and step), as in the "
+     "uninterrupted run, and the weights equal that run's, bit for bit")
+    import torch
+    ref = run_ranks(SHARD_CUDA, n=1, args=[tmp_path/'a', 'live'])[0]
+    assert run_ranks(SHARD_CUDA, n=1, args=[tmp_path/'b', 'die'], check=False).rc!=0
+    rs = run_ranks(SHARD_CUDA, n=1, args=[tmp_path/'b', 'live'])
+    assert "resuming from" in rs.out and 'ckpt_e0001_s000002.dcp' in rs.out, rs.out[-2000:]
+    assert rs[0]['step_dev']==ref['step_dev']==['cpu'], (rs[0]['step_dev'], ref['step_dev'])
+    assert torch.equal(_flat(rs[0]['w']), _flat(ref['w']))
+
 # A model whose layers are made in the reverse of the order the forward uses them: DDP's first step reduces the gradients in buckets
 # laid out in the order of the parameters, the next ones in the order their gradients became ready in that first step
 NET = '''
