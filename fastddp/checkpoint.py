@@ -492,11 +492,48 @@ def synced(m):
     try: yield
     finally: m.require_backward_grad_sync = sync
 
+def _tensors_in(o):
+    "The tensors in `o`, a nest of lists, tuples and dicts"
+    if isinstance(o, Tensor): yield o
+    elif isinstance(o, (list, tuple)):
+        for x in o: yield from _tensors_in(x)
+    elif isinstance(o, dict):
+        for x in o.values(): yield from _tensors_in(x)
+
+_own = ('_parameters', '_buffers', '_modules')
+
+def _plain_state(model):
+    "What a forward may change in `model` besides its parameters and buffers: every module's other attributes (an RNN's hidden state)"
+    held = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}
+    res = []
+    for m in model.modules():
+        d = {k:v for k,v in vars(m).items() if k not in _own} # the objects: a forward reassigns AWD-LSTM's `hidden` and `bs`
+        # and what it may change in place: a list's or dict's items (an LSTM's `_flat_weights`, which fastai's `WeightDropout`
+        # sets), a tensor kept as a plain attribute outside autograd (a count, a state). One that requires grad is made anew
+        items = {k: list(v) if isinstance(v, list) else dict(v) for k,v in d.items() if isinstance(v, (list, dict))}
+        ts = {id(t): (t, t._version, t.clone()) for t in _tensors_in(list(d.values()))
+              if id(t) not in held and not t.requires_grad and not t.is_inference()}
+        res.append((m, d, items, list(ts.values())))
+    return res
+
+def _set_plain_state(st):
+    "Put back what `_plain_state` saved: the same object in every attribute, with what it held"
+    with torch.no_grad():
+        for m,d,items,ts in st:
+            for k in [k for k in vars(m) if k not in d and k not in _own]: del m.__dict__[k] # made by the pass
+            m.__dict__.update(d)
+            for k,v in items.items():
+                if isinstance(v, list): d[k][:] = v
+                else: d[k].clear(); d[k].update(v)
+            for t,ver,c in ts:
+                if t._version!=ver: t.copy_(c)
+
 def warm_buckets(learn):
     "A step of no effect through `learn`'s DDP model on its batch: DDP then lays out its gradient buckets as after a fit's first step"
     m,dev = learn.model,learn_device(learn)
     mod = get_model(m)
     bufs = [b.detach().clone() for b in mod.buffers()]
+    plain = _plain_state(mod) # a language model's hidden state: the next batch starts from the last one's
     grads = [p.grad for p in mod.parameters()] # `Accumulate`'s micro-batches so far: kept out of the pass, and back after it
     for p in mod.parameters(): p.grad = None
     # dropout draws nothing from the run's random state
@@ -506,6 +543,7 @@ def warm_buckets(learn):
         if outs: sum(o.float().sum() for o in outs).mul(0).backward() # every rank all-reduces zeros in the first layout
     with torch.no_grad():
         for b,c in zip(mod.buffers(), bufs): b.copy_(c)
+    _set_plain_state(plain)
     for p,g in zip(mod.parameters(), grads): p.grad = g
 
 @patch

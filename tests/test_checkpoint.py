@@ -217,6 +217,30 @@ def save(self, *a):
     finally: saving.pop()
 Checkpoint._save = save
 '''
+# an AWD-LSTM language model, which carries its hidden state from one batch to the next (plain rows: fastddp refuses fastai's
+# LMDataLoader), uninterrupted, then stopped at epoch 1's end and resumed in the same process: its DDP model is new, so from 3 ranks
+# on the resumed fit's first step is preceded by `warm_buckets`' pass, whose forward must leave the hidden state as it was. At an
+# epoch's end: fastai's `ModelResetter` zeroes the hidden state as each epoch begins, and a checkpoint does not hold it mid-epoch
+LM3 = '''
+if mode=='live':
+    from fastai.text.models.core import get_language_model
+    from fastai.text.models.awdlstm import AWD_LSTM, awd_lstm_lm_config
+    from fastai.callback.rnn import rnn_cbs
+    class Stop(Callback):
+        order = 80 # after `Checkpoint` (70) wrote the epoch's checkpoint
+        def after_epoch(self): raise CancelFitException()
+    def lm(name, cbs=()):
+        set_seed(0)
+        x = torch.randint(0, 30, (72,6)); ds = list(zip(x[:,:-1], x[:,1:]))
+        l = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:12], bs=4), device='cpu'),
+                    get_language_model(AWD_LSTM, 30, config=dict(awd_lstm_lm_config, emb_sz=8, n_hid=16, n_layers=2)),
+                    loss_func=CrossEntropyLossFlat(), path=path, cbs=[*rnn_cbs(), Checkpoint(name)])
+        with l.no_logging(), l.distrib_ctx(): l.fit(2, 1e-2, cbs=cbs)
+        return [p.detach().clone() for p in l.model.parameters()]
+    ref = lm('lm')
+    lm('lm2', Stop())
+    report(lm=ref, lm_resumed=lm('lm2'))
+'''
 # with Accumulate(4) at 3 ranks, 6 steps an epoch: epoch 1's end falls 2 micro-batches after an optimizer step, and the resumed run's
 # first step is a micro-batch inside DDP's no_sync
 CK3 = CK.replace("torch.manual_seed(0)\n", NET+"torch.manual_seed(0)\n").replace(
@@ -224,13 +248,14 @@ CK3 = CK.replace("torch.manual_seed(0)\n", NET+"torch.manual_seed(0)\n").replace
     "from fastddp.checkpoint import Checkpoint, write_tmp",
     "from fastddp.checkpoint import Checkpoint, write_tmp\nfrom fastddp.train import Accumulate").replace(
     "learn.fit_one_cycle(n_ep, 0.01, cbs=Die())", "learn.fit_one_cycle(n_ep, 0.01, cbs=[Die(), Accumulate(4)])").replace(
-    "report(w=", "report(n=learn.train_iter, objs=objs, w=").replace("t0 = time.time()\n", SPY+"t0 = time.time()\n")
+    "report(w=", "report(n=learn.train_iter, objs=objs, w=").replace("t0 = time.time()\n", SPY+"t0 = time.time()\n")+LM3
 
 def test_resume_three_ranks(tmp_path, marker):
     ("At 3 ranks with Accumulate(4), a rank killed mid-epoch resumes from epoch 1's end to the uninterrupted weights bit for bit: "
      "the checkpoint holds each rank's gradients of the 2 micro-batches since the last optimizer step, and the resumed run's first "
      "reduction uses the buckets DDP had rebuilt by then (at 2 ranks a sum of two is the same in any layout), though its first step "
-     "is a micro-batch inside no_sync. Its checkpoints gathered the ranks' CPU state over gloo")
+     "is a micro-batch inside no_sync. Its checkpoints gathered the ranks' CPU state over gloo; and an AWD-LSTM language model, "
+     "stopped at epoch 1's end and resumed, ends where it does uninterrupted: the warm pass left its hidden state as it was")
     import torch
     ref = run_ranks(CK3, n=3, args=[tmp_path/'ref', 'live', 2])
     rs = run_ranks(CK3, n=3, args=[tmp_path/'run', 'die', 2, marker], largs=['--max-restarts', '1'])
@@ -240,4 +265,7 @@ def test_resume_three_ranks(tmp_path, marker):
     # every checkpoint gathered the ranks' CPU state (random states, epoch 1's micro-batches' gradients) to rank 0 in one exchange over
     # gloo, never over the training's group: under nccl its objects would be copied onto rank 0's GPU, world size times over
     assert all(o['objs']==[('gather_object', True)]*2 for o in ref), [o['objs'] for o in ref]
+    # the language model resumed at epoch 1's end: its warm pass left the hidden state the next batch starts from as it was
+    assert "lm2/ckpt_e0001_s000000.pth" in ref.out, ref.out[-2000:]
+    for o in ref: assert all(torch.equal(a, b) for a,b in zip(o['lm_resumed'], o['lm'])), _flat(o['lm_resumed'])-_flat(o['lm'])
     assert not wait_gone(marker, 10)
