@@ -163,27 +163,37 @@ def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the sha
     return fn
 
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a04
-def _alloc(k, md, ps):
-    "A tensor to load the saved entry `k` into: laid out like its parameter when it has its shape, else whole on every rank"
-    p = ps[k.split('.',1)[1].rsplit('.',1)[0]]
+def _alloc(k, md, ps, beside=()): # ids of the parameters whose torch optimizer is fused or capturable
+    "A tensor to load the saved entry `k` into: torch's `step` where torch keeps it, laid out like its parameter, else whole on every rank"
+    w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
+    p = ps[name]
+    dev = p.to_local().device if isinstance(p, DTensor) else p.device
+    # torch's `Optimizer.load_state_dict` leaves `step` on the CPU, where foreach Adam reads it (`.item()`: on a GPU a host sync per
+    # parameter and step), and puts it beside its parameter in float32 for fused and capturable ones. Before the shape: a 0-dim
+    # parameter has `step`'s
+    if w=='torch' and key=='step':
+        return torch.zeros(md.size, dtype=torch.float32, device=dev) if id(p) in beside else torch.zeros(md.size, dtype=md.properties.dtype)
     if tuple(md.size)==tuple(p.shape): return torch.zeros_like(p, dtype=md.properties.dtype)
-    return torch.zeros(md.size, dtype=md.properties.dtype, device=p.to_local().device if isinstance(p, DTensor) else p.device)
+    return torch.zeros(md.size, dtype=md.properties.dtype, device=dev)
 
 def load_sharded(learn, fn, meta:dict):
     "Load the sharded checkpoint folder `fn` into `learn`'s sharded model and its optimizer, at this run's world size"
     md = dcp.FileSystemReader(fn).read_metadata().state_dict_metadata
     ps = dict(learn.model.named_parameters())
     names = {id(p):k for k,p in ps.items()}
-    st = {'model': learn.model.state_dict(), 'opt': {k[4:]: _alloc(k[4:], v, ps) for k,v in md.items() if k.startswith('opt.')}}
+    opt,o = learn.opt,holder(learn.opt)
+    # the saved hyper-parameters first: whether a torch optimizer is fused or capturable says where its `step` goes
+    tg = o.opt.param_groups if isinstance(o, OptimWrapper) else []
+    for g,h in zip(tg or o.hypers, meta['hypers']['groups']): g.update(h)
+    beside = {id(p) for g in tg if g.get('fused') or g.get('capturable') for p in g['params']}
+    st = {'model': learn.model.state_dict(), 'opt': {k[4:]: _alloc(k[4:], v, ps, beside) for k,v in md.items() if k.startswith('opt.')}}
     dcp.load(st, storage_reader=dcp.FileSystemReader(fn))
     learn.model.load_state_dict(st['model'])
-    opt,o = learn.opt,holder(learn.opt)
     sts,slow = dict(state_dicts(opt)),{}
     for k,v in {**st['opt'], **meta['opt_other']}.items():
         w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
         if w=='slow': slow[name] = v
         else: sts[w][ps[name]][key] = v
-    for g,h in zip(o.opt.param_groups if isinstance(o, OptimWrapper) else o.hypers, meta['hypers']['groups']): g.update(h)
     if slow: opt.slow_weights = L(L(slow[k] for k in [names[id(p)] for p in pg]) for pg in opt.param_lists)
     if meta['hypers']['count'] is not None: opt.count = meta['hypers']['count']
 
@@ -324,6 +334,7 @@ def before_fit(self:Checkpoint):
     # `validate` and `get_preds` send `before_fit` too, holding `learn.lock` (a fit does not): they neither load nor save
     self.fitting = not validating(self.learn)
     if not self.fitting: return
+    flag_group() # `_save` gathers over it: made here, at one point of every rank's fit (`Preempt` makes it only with signals)
     self._lock() # before anything in the folder is read or moved
     try: self._start()
     except BaseException: # a checkpoint of another model, a signal: no `after_fit` comes to let go of the lock
@@ -481,11 +492,48 @@ def synced(m):
     try: yield
     finally: m.require_backward_grad_sync = sync
 
+def _tensors_in(o):
+    "The tensors in `o`, a nest of lists, tuples and dicts"
+    if isinstance(o, Tensor): yield o
+    elif isinstance(o, (list, tuple)):
+        for x in o: yield from _tensors_in(x)
+    elif isinstance(o, dict):
+        for x in o.values(): yield from _tensors_in(x)
+
+_own = ('_parameters', '_buffers', '_modules')
+
+def _plain_state(model):
+    "What a forward may change in `model` besides its parameters and buffers: every module's other attributes (an RNN's hidden state)"
+    held = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}
+    res = []
+    for m in model.modules():
+        d = {k:v for k,v in vars(m).items() if k not in _own} # the objects: a forward reassigns AWD-LSTM's `hidden` and `bs`
+        # and what it may change in place: a list's or dict's items (an LSTM's `_flat_weights`, which fastai's `WeightDropout`
+        # sets), a tensor kept as a plain attribute outside autograd (a count, a state). One that requires grad is made anew
+        items = {k: list(v) if isinstance(v, list) else dict(v) for k,v in d.items() if isinstance(v, (list, dict))}
+        ts = {id(t): (t, t._version, t.clone()) for t in _tensors_in(list(d.values()))
+              if id(t) not in held and not t.requires_grad and not t.is_inference()}
+        res.append((m, d, items, list(ts.values())))
+    return res
+
+def _set_plain_state(st):
+    "Put back what `_plain_state` saved: the same object in every attribute, with what it held"
+    with torch.no_grad():
+        for m,d,items,ts in st:
+            for k in [k for k in vars(m) if k not in d and k not in _own]: del m.__dict__[k] # made by the pass
+            m.__dict__.update(d)
+            for k,v in items.items():
+                if isinstance(v, list): d[k][:] = v
+                else: d[k].clear(); d[k].update(v)
+            for t,ver,c in ts:
+                if t._version!=ver: t.copy_(c)
+
 def warm_buckets(learn):
     "A step of no effect through `learn`'s DDP model on its batch: DDP then lays out its gradient buckets as after a fit's first step"
     m,dev = learn.model,learn_device(learn)
     mod = get_model(m)
     bufs = [b.detach().clone() for b in mod.buffers()]
+    plain = _plain_state(mod) # a language model's hidden state: the next batch starts from the last one's
     grads = [p.grad for p in mod.parameters()] # `Accumulate`'s micro-batches so far: kept out of the pass, and back after it
     for p in mod.parameters(): p.grad = None
     # dropout draws nothing from the run's random state
@@ -495,6 +543,7 @@ def warm_buckets(learn):
         if outs: sum(o.float().sum() for o in outs).mul(0).backward() # every rank all-reduces zeros in the first layout
     with torch.no_grad():
         for b,c in zip(mod.buffers(), bufs): b.copy_(c)
+    _set_plain_state(plain)
     for p,g in zip(mod.parameters(), grads): p.grad = g
 
 @patch
@@ -510,14 +559,15 @@ def before_batch(self:Checkpoint):
 @patch
 def _save(self:Checkpoint, epoch, it):
     rec = getattr(self.learn, 'recorder', None)
-    # every rank's random state now, and as this epoch began (one exchange: a collective on every rank)
     sm,rk = _smoothers(self.learn) # the smoothed loss goes on as in an uninterrupted run (mid-epoch: with each rank's steps so far)
     ls = torch.stack(rk.losses).cpu() if rk is not None and rk.losses else None
-    rs = all_gather_list(dict(now=rng_state(self.learn), start=self.rng0, losses=ls))
-    gs = self._pending() # `Accumulate`'s micro-batches since the last optimizer step: each rank's own gradients, to the writer only
-    if gs is not None: gs = gather0(gs)
+    # every rank's random state now and as this epoch began, its losses, and `Accumulate`'s micro-batches since the last optimizer
+    # step (each rank's own gradients), to the writer only: one collective on every rank, over gloo. CPU objects all: under nccl
+    # torch would pickle them onto the GPUs, rank 0's holding world size times the largest (a 1B-parameter model's gradients at
+    # 8 ranks: 32 GB). The other ranks write nothing: their lists are empty
+    rs = gather0(dict(now=rng_state(self.learn), start=self.rng0, losses=ls, grads=self._pending()), group=flag_group()) or []
     st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, fit=self.n_fit, ws=world_size(), train_iter=self.train_iter, data=self.data,
-              plan=self.plan, steps=self.steps, grads=gs,
+              plan=self.plan, steps=self.steps, grads=[o['grads'] for o in rs] if rs and rs[0]['grads'] is not None else None,
               rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], losses=[o['losses'] for o in rs],
               smooth=(sm.val.detach().cpu(), sm.count) if sm is not None and isinstance(sm.val, Tensor) else None,
               history=[list(v) for v in rec.values] if rec is not None else None,

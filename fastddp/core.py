@@ -331,20 +331,20 @@ def init_distrib(backend:str=None): # 'nccl' or 'gloo'; None: nccl with CUDA, gl
     except (dist.DistNetworkError, dist.DistStoreError) as e: raise DistribError(_join_msg(e, addr, port)) from e
 
 # %% ../nbs/00_core.ipynb #df03401b
-def all_gather_list(o):
+def all_gather_list(o, group=None): # None: the training's group; `flag_group()`: gloo's, the objects kept in CPU memory
     "`o` from every rank, in rank order (any picklable object; one collective)"
     import torch.distributed as dist
     if not dist.is_initialized() or dist.get_world_size()==1: return [o]
     res = [None]*dist.get_world_size()
-    dist.all_gather_object(res, o)
+    dist.all_gather_object(res, o, group=group)
     return res
 
-def gather0(o):
+def gather0(o, group=None): # as in `all_gather_list`
     "`o` from every rank, in rank order, on rank 0; None on the others (one collective: only the writer of a file needs them)"
     import torch.distributed as dist
     if not dist.is_initialized() or dist.get_world_size()==1: return [o]
     res = [None]*dist.get_world_size() if dist.get_rank()==0 else None
-    dist.gather_object(o, res, dst=0)
+    dist.gather_object(o, res, dst=0, group=group) # a group of every rank: its rank 0 is the global one
     return res
 
 # %% ../nbs/00_core.ipynb #76387859
@@ -372,7 +372,7 @@ def learn_device(learn):
 # %% ../nbs/00_core.ipynb #f82375a3
 _flag_groups = {}
 def flag_group(timeout:datetime.timedelta=None): # how long a collective on it waits for a peer (None: `distrib_timeout`)
-    "A gloo group of every rank for small CPU flags, beside (not queued behind) the training's collectives; None in one process"
+    "A gloo group of every rank for CPU flags and objects, beside (not queued behind) the training's collectives; None in one process"
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size()>1): return None
     t = timeout or distrib_timeout()

@@ -159,12 +159,87 @@ def test_resume_cuda(tmp_path):
         assert rs[0]['dev']==ref['dev']==['cuda:0'], (rs[0]['dev'], ref['dev'])
         assert torch.equal(_flat(rs[0]['w']), _flat(ref['w'])) and torch.equal(rs[0]['cuda_rng'], ref['cuda_rng']), k
 
+# One rank on a GPU, sharded over itself (FSDP2), with torch's Adam (foreach on CUDA): killed mid-epoch (after the 13th of 10-step
+# epochs), then the same command again, which resumes from the shards
+SHARD_CUDA = '''
+import sys, os
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.core import *; from fastddp.testing import report
+from fastddp.checkpoint import Checkpoint
+set_seed(0)
+x = torch.randn(40,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
+learn = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:8], bs=4), device='cuda'),
+                nn.Sequential(nn.Linear(3,8), nn.Dropout(0.2), nn.Linear(8,1)), loss_func=MSELossFlat(), path=sys.argv[1],
+                opt_func=partial(OptimWrapper, opt=torch.optim.Adam), cbs=Checkpoint(every=3))
+class Die(Callback):
+    def after_batch(self):
+        if self.training and self.train_iter==13 and sys.argv[2]=='die': os._exit(3)
+    def after_fit(self): self.learn.step_dev = sorted({str(s['step'].device) for s in self.opt.opt.state.values()})
+with learn.no_logging(), learn.distrib_ctx(shard=True, shard_min=1): learn.fit_one_cycle(3, 0.01, cbs=Die())
+report(w=[p.detach().cpu() for p in learn.model.parameters()], step_dev=learn.step_dev)
+'''
+
+@pytest.mark.cuda
+def test_sharded_resume_cuda(tmp_path):
+    ("On a GPU, sharded with torch's Adam and resumed mid-epoch from the shards: its `step` is on the CPU, where torch's own "
+     "load_state_dict leaves it (on the GPU, foreach Adam read it with `.item()`: a host sync per parameter and step), as in the "
+     "uninterrupted run, and the weights equal that run's, bit for bit")
+    import torch
+    ref = run_ranks(SHARD_CUDA, n=1, args=[tmp_path/'a', 'live'])[0]
+    assert run_ranks(SHARD_CUDA, n=1, args=[tmp_path/'b', 'die'], check=False).rc!=0
+    rs = run_ranks(SHARD_CUDA, n=1, args=[tmp_path/'b', 'live'])
+    assert "resuming from" in rs.out and 'ckpt_e0001_s000002.dcp' in rs.out, rs.out[-2000:]
+    assert rs[0]['step_dev']==ref['step_dev']==['cpu'], (rs[0]['step_dev'], ref['step_dev'])
+    assert torch.equal(_flat(rs[0]['w']), _flat(ref['w']))
+
 # A model whose layers are made in the reverse of the order the forward uses them: DDP's first step reduces the gradients in buckets
 # laid out in the order of the parameters, the next ones in the order their gradients became ready in that first step
 NET = '''
 class Net(nn.Module):
     def __init__(self): super().__init__(); self.c,self.b,self.a = nn.Linear(64,1),nn.Linear(64,64),nn.Linear(3,64)
     def forward(self, x): return self.c(F.relu(self.b(F.dropout(self.a(x), 0.3, self.training))))
+'''
+# the object collectives `Checkpoint._save` makes, and whether each went over gloo's `flag_group`
+SPY = '''
+import torch.distributed as dist, fastddp.core as C
+objs,saving = [],[]
+def spy(f):
+    def g(*a, group=None, **k):
+        if saving: objs.append((f.__name__, any(group is o for o in C._flag_groups.values())))
+        return f(*a, group=group, **k)
+    return g
+dist.gather_object,dist.all_gather_object = spy(dist.gather_object),spy(dist.all_gather_object)
+_save = Checkpoint._save
+def save(self, *a):
+    saving.append(1)
+    try: return _save(self, *a)
+    finally: saving.pop()
+Checkpoint._save = save
+'''
+# an AWD-LSTM language model, which carries its hidden state from one batch to the next (plain rows: fastddp refuses fastai's
+# LMDataLoader), uninterrupted, then stopped at epoch 1's end and resumed in the same process: its DDP model is new, so from 3 ranks
+# on the resumed fit's first step is preceded by `warm_buckets`' pass, whose forward must leave the hidden state as it was. At an
+# epoch's end: fastai's `ModelResetter` zeroes the hidden state as each epoch begins, and a checkpoint does not hold it mid-epoch
+LM3 = '''
+if mode=='live':
+    from fastai.text.models.core import get_language_model
+    from fastai.text.models.awdlstm import AWD_LSTM, awd_lstm_lm_config
+    from fastai.callback.rnn import rnn_cbs
+    class Stop(Callback):
+        order = 80 # after `Checkpoint` (70) wrote the epoch's checkpoint
+        def after_epoch(self): raise CancelFitException()
+    def lm(name, cbs=()):
+        set_seed(0)
+        x = torch.randint(0, 30, (72,6)); ds = list(zip(x[:,:-1], x[:,1:]))
+        l = Learner(DataLoaders(DataLoader(ds, bs=4, shuffle=True), DataLoader(ds[:12], bs=4), device='cpu'),
+                    get_language_model(AWD_LSTM, 30, config=dict(awd_lstm_lm_config, emb_sz=8, n_hid=16, n_layers=2)),
+                    loss_func=CrossEntropyLossFlat(), path=path, cbs=[*rnn_cbs(), Checkpoint(name)])
+        with l.no_logging(), l.distrib_ctx(): l.fit(2, 1e-2, cbs=cbs)
+        return [p.detach().clone() for p in l.model.parameters()]
+    ref = lm('lm')
+    lm('lm2', Stop())
+    report(lm=ref, lm_resumed=lm('lm2'))
 '''
 # with Accumulate(4) at 3 ranks, 6 steps an epoch: epoch 1's end falls 2 micro-batches after an optimizer step, and the resumed run's
 # first step is a micro-batch inside DDP's no_sync
@@ -173,17 +248,24 @@ CK3 = CK.replace("torch.manual_seed(0)\n", NET+"torch.manual_seed(0)\n").replace
     "from fastddp.checkpoint import Checkpoint, write_tmp",
     "from fastddp.checkpoint import Checkpoint, write_tmp\nfrom fastddp.train import Accumulate").replace(
     "learn.fit_one_cycle(n_ep, 0.01, cbs=Die())", "learn.fit_one_cycle(n_ep, 0.01, cbs=[Die(), Accumulate(4)])").replace(
-    "report(w=", "report(n=learn.train_iter, w=")
+    "report(w=", "report(n=learn.train_iter, objs=objs, w=").replace("t0 = time.time()\n", SPY+"t0 = time.time()\n")+LM3
 
 def test_resume_three_ranks(tmp_path, marker):
     ("At 3 ranks with Accumulate(4), a rank killed mid-epoch resumes from epoch 1's end to the uninterrupted weights bit for bit: "
      "the checkpoint holds each rank's gradients of the 2 micro-batches since the last optimizer step, and the resumed run's first "
      "reduction uses the buckets DDP had rebuilt by then (at 2 ranks a sum of two is the same in any layout), though its first step "
-     "is a micro-batch inside no_sync")
+     "is a micro-batch inside no_sync. Its checkpoints gathered the ranks' CPU state over gloo; and an AWD-LSTM language model, "
+     "stopped at epoch 1's end and resumed, ends where it does uninterrupted: the warm pass left its hidden state as it was")
     import torch
     ref = run_ranks(CK3, n=3, args=[tmp_path/'ref', 'live', 2])
     rs = run_ranks(CK3, n=3, args=[tmp_path/'run', 'die', 2, marker], largs=['--max-restarts', '1'])
     assert [o['restart'] for o in rs]==['1']*3 and "resuming from" in rs.out and "ckpt_e0001_s000000.pth" in rs.out, rs.out[-2000:]
     assert ref[0]['n']==12 and "not bit-equal" not in rs.out, (ref[0]['n'], rs.out[-2000:]) # 6 steps an epoch
     for o in rs: assert torch.equal(_flat(o['w']), _flat(ref[0]['w'])), (_flat(o['w'])-_flat(ref[0]['w'])).abs().max()
+    # every checkpoint gathered the ranks' CPU state (random states, epoch 1's micro-batches' gradients) to rank 0 in one exchange over
+    # gloo, never over the training's group: under nccl its objects would be copied onto rank 0's GPU, world size times over
+    assert all(o['objs']==[('gather_object', True)]*2 for o in ref), [o['objs'] for o in ref]
+    # the language model resumed at epoch 1's end: its warm pass left the hidden state the next batch starts from as it was
+    assert "lm2/ckpt_e0001_s000000.pth" in ref.out, ref.out[-2000:]
+    for o in ref: assert all(torch.equal(a, b) for a,b in zip(o['lm_resumed'], o['lm'])), _flat(o['lm_resumed'])-_flat(o['lm'])
     assert not wait_gone(marker, 10)
