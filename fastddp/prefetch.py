@@ -74,7 +74,7 @@ class Prefetch(Callback):
         self.open = []
 
     def batches(self, dl, host=None):
-        "`dl`'s batches, copied ahead on a side stream; a stream's (`host`: its batches in CPU memory, each with its keys) with their keys"
+        "`dl`'s batches, copied ahead on a side stream; a stream's (`host`: its batches in CPU memory, each with its keys) untransformed"
         g = self._batches(dl, host)
         self.open.append(g)
         return g
@@ -101,8 +101,8 @@ class Prefetch(Callback):
             return d,side.record_event(),k
         def ready(d, ev, k): # the main stream reads `d` only once its copy is done; its memory stays its until then
             if ev is not None: main.wait_event(ev); apply(_record, d, main)
-            b = dl.after_batch(d) # the loader's own batch transforms, untouched (fastai's `_one_pass` applies them too)
-            return b if host is None else (b,k) # a stream's keys stay in CPU memory
+            if host is not None: return d,k # a stream transforms each batch as its step takes it; its keys stay in CPU memory
+            return dl.after_batch(d) # the loader's own batch transforms, untouched (fastai's `_one_pass` applies them too)
         src = ((b,None) for b in _host_batches(dl)) if host is None else host
         try:
             if not ahead:

@@ -228,14 +228,12 @@ class _Stream:
         yield from _rebatch(raw(), self.bs, self.drop_last)
 
     def _batches(self):
-        "Batches on this rank, rebatched, transformed and on its device, with their keys"
+        "Batches on this rank, rebatched and on its device, with their keys; not transformed yet: `after_batch` as a step takes each"
         self.randomize(); self.before_iter()
         pf = self.__dict__.get('prefetch') # during a fit on a GPU: `fastddp.prefetch` copies each batch ahead of its step
         if pf is not None: yield from pf.batches(self, self._host())
         else:
-            for b,k in self._host():
-                if self.device is not None: b = to_device(b, self.device)
-                yield self.after_batch(b),k
+            for b,k in self._host(): yield (b if self.device is None else to_device(b, self.device)),k
         self.after_iter()
 
 # %% ../nbs/02s_stream.ipynb #775ca625
@@ -269,7 +267,9 @@ class StreamDL(_Stream, DistributedDL):
             (b,self.keys),nxt = nxt,next(it, None)
             wait = self._agree(nxt is not None) # in flight during this step
             self.n_steps += 1; self.n_items += len(self.keys)
-            yield b
+            # transformed now, after the next batch was read: a random transform draws after the last step, as in fastai's loader,
+            # and a run resumed here with that step's random state draws the same (drawn with the read, it was drawn before the step)
+            yield self.after_batch(b)
         if nxt is not None: self._count_left(nxt, it, 'another rank had run out' if not more else f'the epoch reached len(dl)={n} steps')
         self.epoch += 1
 
@@ -285,7 +285,7 @@ class StreamDL(_Stream, DistributedDL):
     def to_detach(self, b, cpu=True, gather=True): return to_detach(b, cpu, gather)
     def one_batch(self):
         "The first batch of this rank's part, without the flag: `one_batch` may run on one rank only (`show_batch`, a summary)"
-        with self.fake_l.no_multiproc(): return first(b for b,_ in self._batches())
+        with self.fake_l.no_multiproc(): return first(self.after_batch(b) for b,_ in self._batches())
 
 # %% ../nbs/02s_stream.ipynb #b8397484
 class StreamExactDL(_Stream, ExactDL):
@@ -298,7 +298,7 @@ class StreamExactDL(_Stream, ExactDL):
         self.seen = []
         for b,k in self._batches():
             self.seen.append(k)
-            yield b
+            yield self.after_batch(b)
 
 # %% ../nbs/02s_stream.ipynb #778c42e7
 _gp_after_validate = GatherPredsCallback.after_validate

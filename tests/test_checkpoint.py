@@ -1,5 +1,5 @@
 "Fault tolerance: a killed rank restarted by the agent resumes from an atomic checkpoint and ends as an uninterrupted run"
-import os, sys, time, pytest
+import os, re, sys, time, pytest
 from pathlib import Path
 from fastddp.testing import run_ranks
 from conftest import wait_gone
@@ -269,3 +269,95 @@ def test_resume_three_ranks(tmp_path, marker):
     assert "lm2/ckpt_e0001_s000000.pth" in ref.out, ref.out[-2000:]
     for o in ref: assert all(torch.equal(a, b) for a,b in zip(o['lm_resumed'], o['lm'])), _flat(o['lm_resumed'])-_flat(o['lm'])
     assert not wait_gone(marker, 10)
+
+# One process under fastddp-launch, in distrib_ctx: 2 DataLoader workers, a shuffled order, a random batch transform on the batch's
+# device, dropout, Checkpoint every 4 steps, 10 steps an epoch, 3 epochs. argv: folder, device, mode ('ref' or 'run'), a marker.
+# 'run': the first launch sends SIGUSR1 to the launcher at step 3 of epoch 1 and stops there (exit 75); the same command again
+# resumes at step 4 and, on the launcher's first attempt, dies at step 5 of epoch 2: the restart (--max-restarts 1) resumes from the
+# checkpoint at step 4 of that epoch. `launched_resume(tmp_path, 'cpu', marker)` runs it on the CPU (25-40 s on 2 busy cores: not in
+# the suite for its time)
+LAUNCHED = '''
+import os, sys, time, signal, random
+# bit-equal on a GPU needs deterministic kernels: identical fits on an H200 differed in the last bits (atomic adds in some backward
+# kernels). cuBLAS reads its workspace setting once, as CUDA starts: set before anything can start it
+os.environ['CUBLAS_WORKSPACE_CONFIG'] = ':4096:8'
+import torch
+torch.use_deterministic_algorithms(True)
+from fastai.basics import *
+from fastai.distributed import *
+from fastddp.testing import report
+from fastddp.checkpoint import Checkpoint, Resumed
+from fastddp.preempt import Preempted, Preempt
+import fastddp.prefetch as P
+path,dev,mode = Path(sys.argv[1]),sys.argv[2],sys.argv[3]
+# `Prefetch` acts on GPUs only; on the CPU its loop is handed the loader all the same (its CPU path: the next batch fetched ahead of
+# the step, the transforms applied as the step takes it, no streams), so that a CPU run checks the order a GPU run draws in
+if dev=='cpu': P._on_gpu = lambda dl: isinstance(dl, DataLoader) and type(dl).__iter__ is DataLoader.__iter__
+first = not (path/'checkpoints').exists()
+attempt0 = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')=='0'
+def jitter(b): x,y = b; return x+0.1*torch.randn_like(x),y # drawn where the batch is: the CUDA generator on a GPU
+class Stop(Callback):
+    "Each training step: whether `Prefetch` had the loader, and pinned (a GPU's copies ahead on a side stream); the signal, or the kill"
+    order = 60 # before `Checkpoint` (70), which looks for a signal in the same step
+    def before_fit(self): self.on,self.n = set(),0
+    def before_batch(self):
+        if not self.training: return
+        dl = self.dl.dl if isinstance(self.dl, Resumed) else self.dl # a resumed epoch's loader is inside `Resumed`
+        self.on.add(('prefetch' in dl.__dict__, dl.fake_l.pin_memory)); self.n += 1
+    def after_batch(self):
+        if mode!='run' or not self.training: return
+        if first and (self.epoch,self.iter)==(1,3):
+            os.kill(os.getppid(), signal.SIGUSR1) # to the launcher, which passes it on
+            p,end = next(o for o in self.learn.cbs if isinstance(o, Preempt)),time.time()+20
+            while not p.got and time.time()<end: time.sleep(0.01) # here: `Checkpoint` then stops at this step
+        if not first and attempt0 and (self.epoch,self.iter)==(2,5): os._exit(3)
+set_seed(0)
+x = torch.randn(160,3); ds = list(zip(x, x@tensor([1.,-2.,3.])[:,None]))
+torch.manual_seed(0)
+dls = DataLoaders(DataLoader(ds, bs=16, shuffle=True, num_workers=2, after_batch=jitter), DataLoader(ds[:32], bs=16), device=dev)
+learn = Learner(dls, nn.Sequential(nn.Linear(3,32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32,1)), loss_func=MSELossFlat(), path=path,
+                cbs=[Stop(), Checkpoint(every=4, check=1)]) # a check for a signal at each step
+try:
+    with learn.no_logging(), learn.distrib_ctx(): learn.fit_one_cycle(3, 0.01)
+except Preempted as e:
+    report(stop=dict(code=e.code, sig=e.sig, epoch=e.epoch, it=e.it, ckpt=e.ckpt and Path(e.ckpt).name))
+    raise
+report(w=[p.detach().cpu() for p in learn.model.parameters()], on=learn.stop.on, n=learn.stop.n, hist=learn.recorder.values,
+       restart=os.environ.get('TORCHELASTIC_RESTART_COUNT'), dev=str(next(learn.model.parameters()).device),
+       rng=dict(torch=torch.get_rng_state(), py=random.getstate(), cuda=torch.cuda.get_rng_state() if dev=='cuda' else None))
+'''
+
+def launched_resume(tmp_path, dev, marker):
+    ("Under fastddp-launch on `dev`, stopped by SIGUSR1 mid-epoch and relaunched, then killed mid-epoch and restarted: the weights and "
+     "random states of an uninterrupted run, bit for bit, with `Prefetch` fetching ahead (a GPU's side stream) in every training step")
+    import torch
+    run = lambda d, mode: run_ranks(LAUNCHED, n=1, args=[tmp_path/d, dev, mode, marker], largs=['--max-restarts', '1'], check=False,
+                                    timeout=240)
+    ref = run('ref', 'ref')
+    on = {(True, dev=='cuda')} # `Prefetch`'s loop in every training step; on a GPU with workers: pinned, copied ahead on its stream
+    assert ref.rc==0 and ref[0]['n']==30 and ref[0]['on']==on, (ref[0], ref.out[-3000:])
+    rs = run('run', 'run')
+    st,ck = rs[0]['stop'],tmp_path/'run'/'checkpoints'
+    assert rs.rc==75 and st==dict(code=75, sig='SIGUSR1', epoch=1, it=4, ckpt='ckpt_e0001_s000004.pth'), (st, rs.out[-3000:])
+    assert not wait_gone(marker, 10)
+    again = run('run', 'run')
+    assert again.rc==0 and again[0]['restart']=='1', again.out[-3000:]
+    # the stop's checkpoint (4 batches of epoch 1 skipped), then after the kill the one at step 4 of epoch 2 (`every`'s 24th step)
+    resumed = re.findall(r"resuming from (\S+) \(epoch (\d) of 3, step (\d+)\)", again.out)
+    assert resumed==[(str(ck/'ckpt_e0001_s000004.pth'), '1', '4'), (str(ck/'ckpt_e0002_s000004.pth'), '2', '4')], again.out[-3000:]
+    assert "not bit-equal" not in rs.out+again.out, again.out[-3000:]
+    o,r = again[0],ref[0]
+    assert o['n']==6 and o['on']==on and o['dev']==r['dev'], (o['n'], o['on'], o['dev']) # the restart trained epoch 2's last 6
+    assert torch.equal(_flat(o['w']), _flat(r['w'])), (_flat(o['w'])-_flat(r['w'])).abs().max()
+    assert torch.equal(o['rng']['torch'], r['rng']['torch']) and o['rng']['py']==r['rng']['py']
+    # the epochs' rows: the training loss smoothed from each step's loss, those before the restart kept in the checkpoint
+    assert len(r['hist'])==3 and o['hist']==r['hist'], (o['hist'], r['hist'])
+    if dev=='cuda': assert torch.equal(o['rng']['cuda'], r['rng']['cuda'])
+    assert not wait_gone(marker, 10)
+
+@pytest.mark.cuda
+def test_launched_resume_cuda(tmp_path, marker):
+    ("One GPU under fastddp-launch, DataLoader workers, `Prefetch` copying ahead on its side stream: preempted by SIGUSR1 mid-epoch and "
+     "relaunched, then killed mid-epoch and restarted (--max-restarts 1), the run ends with the uninterrupted weights and CUDA random "
+     "state (a batch transform and dropout draw from it), bit for bit")
+    launched_resume(tmp_path, 'cuda', marker)
