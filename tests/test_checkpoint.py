@@ -361,3 +361,8 @@ def test_launched_resume_cuda(tmp_path, marker):
      "relaunched, then killed mid-epoch and restarted (--max-restarts 1), the run ends with the uninterrupted weights and CUDA random "
      "state (a batch transform and dropout draw from it), bit for bit")
     launched_resume(tmp_path, 'cuda', marker)
+
+def test_launched_resume_cpu(tmp_path, marker):
+    ("The same on CPU, `Prefetch`'s loop made to act: preempted and relaunched, then killed and restarted, bit for bit. It caught a "
+     "resumed loader restoring the random state one batch early, which no other test sees without a random batch transform")
+    launched_resume(tmp_path, 'cpu', marker)
