@@ -274,8 +274,7 @@ def test_resume_three_ranks(tmp_path, marker):
 # device, dropout, Checkpoint every 4 steps, 10 steps an epoch, 3 epochs. argv: folder, device, mode ('ref' or 'run'), a marker.
 # 'run': the first launch sends SIGUSR1 to the launcher at step 3 of epoch 1 and stops there (exit 75); the same command again
 # resumes at step 4 and, on the launcher's first attempt, dies at step 5 of epoch 2: the restart (--max-restarts 1) resumes from the
-# checkpoint at step 4 of that epoch. `launched_resume(tmp_path, 'cpu', marker)` runs it on the CPU (25-40 s on 2 busy cores: not in
-# the suite for its time)
+# checkpoint at step 4 of that epoch. On the GPU in `make test-gpu`; on the CPU in the suite (23 s alone), where it caught a bug
 LAUNCHED = '''
 import os, sys, time, signal, random
 # bit-equal on a GPU needs deterministic kernels: identical fits on an H200 differed in the last bits (atomic adds in some backward
