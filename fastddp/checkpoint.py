@@ -6,8 +6,9 @@ Docs: https://fastddp.github.io/fastddp/checkpoint.html.md"""
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'data_sig', 'fit_plan', 'write_tmp', 'commit_tmp', 'save_atomic', 'checkpoints',
-           'load_latest', 'save_sharded', 'load_sharded', 'Resumed', 'lock_dir', 'unlock_dir', 'Resume', 'Checkpoint',
-           'saved_shapes', 'state_mismatch', 'synced', 'warm_buckets']
+           'load_latest', 'save_sharded', 'load_sharded', 'Resumed', 'lock_dir', 'unlock_dir', 'held_state',
+           'set_held_state', 'item_order', 'set_item_order', 'Resume', 'Checkpoint', 'saved_shapes', 'state_mismatch',
+           'synced', 'warm_buckets']
 
 # %% ../nbs/03a_checkpoint.ipynb #0e721380
 import os, sys, time, errno, fcntl, socket, random, shutil, hashlib, itertools, subprocess, numpy as np, pandas as pd, torch
@@ -15,6 +16,7 @@ import torch.distributed as dist, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.tensor import DTensor
 from fastai.optimizer import OptimWrapper
+from fastcore.xtras import ReindexCollection
 from pathlib import Path
 from dataclasses import dataclass
 from fastai.basics import *
@@ -252,6 +254,45 @@ def unlock_dir(d):
     os.unlink(fh.name) # first, still holding it: a run that opens it next makes a new one
     fh.close()
 
+# %% ../nbs/03a_checkpoint.ipynb #0ce22c6b
+def _kept(v):
+    "What a stateful module keeps between batches: tensors (in lists and tuples: a hidden state) and whole numbers (its batch size)"
+    if isinstance(v, (list, tuple)): return all(map(_kept, v))
+    return isinstance(v, (Tensor, int)) and not isinstance(v, bool) # a float is a setting (a dropout rate), not state
+
+def held_state(model):
+    "`{module name: {attribute: value}}` of `model`'s stateful modules (fastai's: they have `reset`), their tensors detached on the CPU"
+    res = {}
+    for n,m in get_model(model).named_modules():
+        if not callable(getattr(type(m), 'reset', None)): continue
+        d = {k:v for k,v in vars(m).items() if not k.startswith('_') and _kept(v)}
+        if d: res[n] = apply(lambda o: o.detach().cpu() if isinstance(o, Tensor) else o, d)
+    return res
+
+def set_held_state(model, st:dict, device):
+    "Put back what `held_state` saved, its tensors on `device` (where the model computes)"
+    ms = dict(get_model(model).named_modules())
+    for n,d in st.items(): ms[n].__dict__.update(apply(lambda o: o.to(device) if isinstance(o, Tensor) else o, d))
+
+def _reindexed(learn):
+    "The training loader's items, where they are a `ReindexCollection` it shuffles in place (fastai's `LMDataLoader`), or None"
+    it = getattr(_train_dl(learn), 'items', None)
+    return it if isinstance(it, ReindexCollection) else None
+
+def item_order(learn):
+    "The order the training loader keeps its items in from one epoch to the next, which the next epoch shuffles (None: it keeps none)"
+    it = _reindexed(learn)
+    return None if it is None else list(it.idxs)
+
+def set_item_order(learn, o:list):
+    "Put back an `item_order`: in place, in the list the loader's lengths share"
+    it = _reindexed(learn)
+    if it is None or o is None: return
+    idxs = it.idxs.items if isinstance(it.idxs, L) else it.idxs
+    idxs[:] = o
+    dl = _train_dl(learn)
+    if hasattr(dl, 'make_chunks'): dl.make_chunks()
+
 # %% ../nbs/03a_checkpoint.ipynb #597169bd
 @dataclass
 class Resume:
@@ -265,6 +306,8 @@ class Resume:
     smooth:tuple=None # the recorder's smoother of the training loss: `(val, count)`
     losses:Tensor=None # this rank's losses of the epoch's steps done, which `EpochLoss` smooths at the epoch's end
     phase:str='training' # 'skip epochs' -> 'replay order' -> 'training'
+    held:dict=None # what this rank's stateful modules carried to the next batch (`held_state`)
+    order:list=None # the training items' order as that epoch began, where the loader keeps it (`item_order`)
 
 def _quiet(*args, **kwargs): "The logger while a resumed run skips epochs: their rows were printed by the run that trained them"
 
@@ -330,7 +373,7 @@ def _skip(self:Checkpoint, r:Resume):
 @patch
 def before_fit(self:Checkpoint):
     super(Checkpoint, self).before_fit() # the signal handlers
-    self.resumed,self.last,self.rng0 = Resume(),None,None
+    self.resumed,self.last,self.rng0,self.order0 = Resume(),None,None,None
     # `validate` and `get_preds` send `before_fit` too, holding `learn.lock` (a fit does not): they neither load nor save
     self.fitting = not validating(self.learn)
     if not self.fitting: return
@@ -364,7 +407,7 @@ def _start(self:Checkpoint):
     if rng0 is None: rng0 = {**rng, 'dl': st.get('dl0')} # written by an older version: the loader's generator only
     self.last = (st['epoch'], st['iter'], f)
     self._skip(Resume(st['epoch'], st['iter'], rng, rng0, st.get('train_iter'), st.get('history'), st.get('smooth'),
-                      pick('losses') if same else None, 'skip epochs'))
+                      pick('losses') if same else None, 'skip epochs', pick('held') if same else None, st.get('order')))
     rank0_print(f"fastddp: resuming from {f} (epoch {st['epoch']} of {st['n_epoch']}, step {st['iter']})")
     k = _accum(self.learn)
     if st.get('train_iter') and st['train_iter']%k and (st.get('grads') is None or not same):
@@ -431,6 +474,7 @@ def before_epoch(self:Checkpoint):
 def before_train(self:Checkpoint):
     r = self.resumed
     if r.phase=='replay order':
+        set_item_order(self.learn, r.order)
         if r.step: # mid-epoch: the epoch's order drawn again, its done batches loaded and not trained
             set_rng_state(self.learn, r.rng0)
             n = len(self.dl)
@@ -444,7 +488,8 @@ def before_train(self:Checkpoint):
         # the fit's DDP model is new, and the fit's first reducing step (`Accumulate(k)`'s k-th micro-batch) was before the restart
         self.warm = (r.train_iter or 0)>=_accum(self.learn)
         r.phase = 'training'
-    if self.fitting: self.rng0 = rng_state(self.learn) # as this epoch begins: what a resume from this epoch draws its order from
+    # as this epoch begins: what a resume from this epoch draws its order from, and the items' order that draw shuffles
+    if self.fitting: self.rng0,self.order0 = rng_state(self.learn),item_order(self.learn)
 
 @patch
 def _resumed_at(self:Checkpoint, r:Resume):
@@ -454,6 +499,7 @@ def _resumed_at(self:Checkpoint, r:Resume):
     # this rank's losses of the steps done, on the device the next ones come from (`EpochLoss` stacks them all at the epoch's end):
     # the one it trains on, not its model's (an offloaded shard's is the CPU)
     if rk is not None and r.losses is not None: rk.losses = list(r.losses.to(learn_device(self.learn)))
+    if r.held: set_held_state(self.learn.model, r.held, learn_device(self.learn)) # after fastai's `ModelResetter` reset them
 
 @patch
 def after_batch(self:Checkpoint):
@@ -565,10 +611,13 @@ def _save(self:Checkpoint, epoch, it):
     # step (each rank's own gradients), to the writer only: one collective on every rank, over gloo. CPU objects all: under nccl
     # torch would pickle them onto the GPUs, rank 0's holding world size times the largest (a 1B-parameter model's gradients at
     # 8 ranks: 32 GB). The other ranks write nothing: their lists are empty
-    rs = gather0(dict(now=rng_state(self.learn), start=self.rng0, losses=ls, grads=self._pending()), group=flag_group()) or []
+    held = held_state(self.learn.model) if it else None # mid-epoch: a language model's hidden state goes on to the next batch
+    rs = gather0(dict(now=rng_state(self.learn), start=self.rng0, losses=ls, grads=self._pending(), held=held), group=flag_group()) or []
     st = dict(epoch=epoch, iter=it, n_epoch=self.n_epoch, fit=self.n_fit, ws=world_size(), train_iter=self.train_iter, data=self.data,
               plan=self.plan, steps=self.steps, grads=[o['grads'] for o in rs] if rs and rs[0]['grads'] is not None else None,
               rng=[o['now'] for o in rs], rng0=[o['start'] for o in rs], losses=[o['losses'] for o in rs],
+              held=[o['held'] for o in rs] if rs and rs[0]['held'] else None,
+              order=self.order0 if it else item_order(self.learn), # mid-epoch: as it began; at its end: for the next one
               smooth=(sm.val.detach().cpu(), sm.count) if sm is not None and isinstance(sm.val, Tensor) else None,
               history=[list(v) for v in rec.values] if rec is not None else None,
               scaler=self.learn.scaler.state_dict() if getattr(self.learn, 'scaler', None) is not None else None,

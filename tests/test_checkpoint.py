@@ -365,3 +365,39 @@ def test_launched_resume_cpu(tmp_path, marker):
     ("The same on CPU, `Prefetch`'s loop made to act: preempted and relaunched, then killed and restarted, bit for bit. It caught a "
      "resumed loader restoring the random state one batch early, which no other test sees without a random batch transform")
     launched_resume(tmp_path, 'cpu', marker)
+
+# One process training an AWD-LSTM language model on fastai's LMDataLoader (shuffled): killed at step 7 of epoch 1, then the same
+# command again, which resumes from the checkpoint at step 5. Two states carry over from batch to batch: the hidden state, and the
+# documents' order, which each epoch shuffles from the order the last one left
+LM = '''
+import sys, os
+from fastai.basics import *
+from fastai.text.data import LMDataLoader
+from fastai.text.models.core import get_language_model
+from fastai.text.models.awdlstm import AWD_LSTM, awd_lstm_lm_config
+from fastai.callback.rnn import rnn_cbs
+from fastddp.testing import report
+from fastddp.checkpoint import Checkpoint
+set_seed(0)
+toks = [torch.randint(0, 30, (int(n),)) for n in torch.randint(20, 60, (40,))]
+dls = DataLoaders(LMDataLoader(toks[:32], bs=4, seq_len=8, shuffle=True), LMDataLoader(toks[32:], bs=4, seq_len=8), device='cpu')
+torch.manual_seed(0)
+learn = Learner(dls, get_language_model(AWD_LSTM, 30, config=dict(awd_lstm_lm_config, emb_sz=8, n_hid=16, n_layers=2)),
+                loss_func=CrossEntropyLossFlat(), path=sys.argv[1], cbs=[*rnn_cbs(), Checkpoint(every=3)])
+class Die(Callback):
+    def after_batch(self):
+        if self.training and sys.argv[2]=='die' and (self.epoch,self.iter)==(1,7): os._exit(3)
+with learn.no_logging(): learn.fit(2, 1e-2, cbs=Die())
+report(w=[p.detach().clone() for p in learn.model.parameters()], vals=learn.recorder.values)
+'''
+
+def test_language_model_resume(tmp_path):
+    ("A language model on fastai's LMDataLoader, killed mid-epoch and resumed, ends with the uninterrupted weights, bit for bit: the "
+     "checkpoint keeps the AWD-LSTM's hidden state and the documents' order the epoch shuffled (both were lost: 0.19 apart)")
+    import torch
+    ref = run_ranks(LM, n=1, launcher='python', args=[tmp_path/'a', 'live'])[0]
+    assert run_ranks(LM, n=1, launcher='python', args=[tmp_path/'b', 'die'], check=False).rc==3
+    rs = run_ranks(LM, n=1, launcher='python', args=[tmp_path/'b', 'live'])
+    assert "resuming from" in rs.out and "ckpt_e0001_s000005.pth" in rs.out and "not bit-equal" not in rs.out, rs.out[-2000:]
+    assert torch.equal(_flat(rs[0]['w']), _flat(ref['w'])), (_flat(rs[0]['w'])-_flat(ref['w'])).abs().max()
+    assert rs[0]['vals'][-1]==ref['vals'][-1]
