@@ -29,6 +29,7 @@ from .preempt import Preempt
 from .stream import is_stream
 from .train import Accumulate
 from .epoch_loss import EpochLoss
+from .rank_safe import _leaves
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -165,9 +166,14 @@ def save_sharded(learn, meta:dict, fn): # meta: what rank 0 saves beside the sha
     return fn
 
 # %% ../nbs/03a_checkpoint.ipynb #6b2e0a04
+def _entry(k):
+    "A saved optimizer entry's key `'{kind}.{parameter name}.{state name}'` as its three parts (a parameter name holds dots)"
+    w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
+    return w,name,key
+
 def _alloc(k, md, ps, beside=()): # ids of the parameters whose torch optimizer is fused or capturable
     "A tensor to load the saved entry `k` into: torch's `step` where torch keeps it, laid out like its parameter, else whole on every rank"
-    w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
+    w,name,key = _entry(k)
     p = ps[name]
     dev = p.to_local().device if isinstance(p, DTensor) else p.device
     # torch's `Optimizer.load_state_dict` leaves `step` on the CPU, where foreach Adam reads it (`.item()`: on a GPU a host sync per
@@ -193,7 +199,7 @@ def load_sharded(learn, fn, meta:dict):
     learn.model.load_state_dict(st['model'])
     sts,slow = dict(state_dicts(opt)),{}
     for k,v in {**st['opt'], **meta['opt_other']}.items():
-        w,rest = k.split('.',1); name,key = rest.rsplit('.',1)
+        w,name,key = _entry(k)
         if w=='slow': slow[name] = v
         else: sts[w][ps[name]][key] = v
     if slow: opt.slow_weights = L(L(slow[k] for k in [names[id(p)] for p in pg]) for pg in opt.param_lists)
@@ -538,14 +544,6 @@ def synced(m):
     try: yield
     finally: m.require_backward_grad_sync = sync
 
-def _tensors_in(o):
-    "The tensors in `o`, a nest of lists, tuples and dicts"
-    if isinstance(o, Tensor): yield o
-    elif isinstance(o, (list, tuple)):
-        for x in o: yield from _tensors_in(x)
-    elif isinstance(o, dict):
-        for x in o.values(): yield from _tensors_in(x)
-
 _own = ('_parameters', '_buffers', '_modules')
 
 def _plain_state(model):
@@ -557,8 +555,8 @@ def _plain_state(model):
         # and what it may change in place: a list's or dict's items (an LSTM's `_flat_weights`, which fastai's `WeightDropout`
         # sets), a tensor kept as a plain attribute outside autograd (a count, a state). One that requires grad is made anew
         items = {k: list(v) if isinstance(v, list) else dict(v) for k,v in d.items() if isinstance(v, (list, dict))}
-        ts = {id(t): (t, t._version, t.clone()) for t in _tensors_in(list(d.values()))
-              if id(t) not in held and not t.requires_grad and not t.is_inference()}
+        ts = {id(t): (t, t._version, t.clone()) for _,t in _leaves(list(d.values()))
+              if isinstance(t, Tensor) and id(t) not in held and not t.requires_grad and not t.is_inference()}
         res.append((m, d, items, list(ts.values())))
     return res
 
