@@ -30,6 +30,7 @@ from .stream import is_stream
 from .train import Accumulate
 from .epoch_loss import EpochLoss
 from .rank_safe import _leaves
+from .lm import set_order
 
 # %% ../nbs/03a_checkpoint.ipynb #4808e90a
 def _train_dl(learn):
@@ -292,12 +293,7 @@ def item_order(learn):
 
 def set_item_order(learn, o:list):
     "Put back an `item_order`: in place, in the list the loader's lengths share"
-    it = _reindexed(learn)
-    if it is None or o is None: return
-    idxs = it.idxs.items if isinstance(it.idxs, L) else it.idxs
-    idxs[:] = o
-    dl = _train_dl(learn)
-    if hasattr(dl, 'make_chunks'): dl.make_chunks()
+    if _reindexed(learn) is not None and o is not None: set_order(_train_dl(learn), o)
 
 # %% ../nbs/03a_checkpoint.ipynb #597169bd
 @dataclass

@@ -82,6 +82,9 @@ class ExactDL(DistributedDL):
     def __len__(self): return self.n_batches(self.rank)
 
     def to_detach(self, b, cpu=True, gather=True): return to_detach(b, cpu, gather=False)
+    def join(self, parts:list): # each rank's batches, by rank
+        "The ranks' batches in the order of one process: rank 0's block, then rank 1's, ..."
+        return [b for p in parts for b in p]
 
 # %% ../nbs/02a_eval.ipynb #610010b1
 def _cat(bs):
@@ -97,7 +100,7 @@ def after_validate(self:GatherPredsCallback):
         ks = [k for k,f in [('inputs',self.with_input),('preds',self.with_preds),
                             ('targets',self.with_targs),('losses',self.with_loss)] if f]
         parts = all_gather_list({k:getattr(self, k) for k in ks})
-        for k in ks: setattr(self, k, [b for p in parts for b in p[k]])
+        for k in ks: setattr(self, k, self.learn.dl.join([p[k] for p in parts]))
     if self.with_input: self.inputs  = _cat(self.inputs)
     if self.with_preds: self.preds   = _cat(self.preds)
     if self.with_targs: self.targets = _cat(self.targets)
