@@ -10,10 +10,11 @@ from test_scripts import check_run, pretrained
 
 # The real script, run with two test callbacks added to the ones it asks `fastddp.script.train_cbs` for: `Sig` stops the first run
 # (AT='F.E.I': after training step I of epoch E of fit F, rank 0 sends SIG to the launcher; KILL='F.E': once the checkpoint at the
-# end of epoch E of fit F is written, rank 1 kills itself with SIGKILL, on the launcher's first attempt), and every run reports
-# each rank's model state and step count where the script finishes. argv: the script, its arguments, then a marker
+# end of epoch E of fit F is written, rank 1 kills itself with SIGKILL, on the launcher's first attempt; F counts the fits of every
+# learner of the run, a fit skipped at a resume too), and every run reports each rank's model state and step count where the script
+# finishes. argv: the script, its arguments, then a marker
 WRAP = '''
-import os, sys, time, signal, runpy
+import os, sys, time, signal, runpy, itertools
 from pathlib import Path
 from fastai.callback.core import Callback
 import fastddp.script as S
@@ -26,9 +27,10 @@ ck = Path(args[args.index('--checkpoint')+1])
 attempt0 = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')=='0' # the launcher's first attempt
 first = not (ck/'sent').exists() and attempt0
 at,kill,sig = os.environ.get('AT'),os.environ.get('KILL'),getattr(signal, os.environ.get('SIG', 'SIGTERM'))
+fits = itertools.count()
 class Sig(Callback):
     order = 80 # after `Checkpoint` (70)
-    def before_fit(self): self.nf = self.__dict__.get('nf', -1)+1 # this fit's number (not `fit`: the learner's)
+    def before_fit(self): self.nf = next(fits) # this fit's number in the run, the fits of every learner counted
     def after_batch(self):
         if not self.training: return
         time.sleep(0.02) # slow enough for a signal to land in the epoch it was sent in
@@ -38,8 +40,8 @@ class Sig(Callback):
         if kill==f'{self.nf}.{self.epoch}' and rank()==1 and attempt0:
             os.kill(os.getpid(), signal.SIGKILL)
 if os.environ.get('AWD'): # a smaller AWD-LSTM (IMDB): the same layers, tied embedding and WeightDropout, a fifth of the work
-    from fastai.text.models.awdlstm import awd_lstm_clas_config
-    awd_lstm_clas_config.update(zip(('emb_sz', 'n_hid'), map(int, os.environ['AWD'].split(','))))
+    from fastai.text.models.awdlstm import awd_lstm_clas_config, awd_lstm_lm_config # the classifier loads the language model's encoder
+    for c in (awd_lstm_clas_config, awd_lstm_lm_config): c.update(zip(('emb_sz', 'n_hid'), map(int, os.environ['AWD'].split(','))))
 _cbs,_fin = S.train_cbs,S.finish
 S.train_cbs = lambda *a, **k: _cbs(*a, **k)+[Sig()]
 def finish(learn, *a, **k):
@@ -151,4 +153,24 @@ def test_imdb(tmp_path, marker):
     # with torch's generator inside its first fit, and its dropout masks moved; the probe has a generator of its own now, tested in
     # tests/test_throughput.py)
     _same(again, ref, True)
+    assert not wait_gone(marker, 10)
+
+def test_imdb_lm(tmp_path, marker):
+    ("imdb_ddp.py --lm-epochs 1 (ULMFiT: the language model fine-tuned on every review, unlabelled too, then the classifier from its "
+     "encoder; fastddp.lm splits the LMDataLoader's rows): SIGTERM to fastddp-launch mid-epoch in the language model's second fit; "
+     "the same command under --max-restarts 1 resumes there, and rank 1 is SIGKILLed after the classifier's first epoch: the restart "
+     "finds the language model done (its weights from its checkpoint, the encoder saved again), resumes the classifier, and ends "
+     "bit-equal to an uninterrupted run")
+    args = ['--synthetic', '40', '--bs', '4', '--no-pretrained', '--lm-epochs', '1', '--epochs', '2', marker]
+    run = lambda d, *a, env={}, **kw: _run(tmp_path/d, 'imdb', *a, env={'AWD': '32,64', **env}, **kw)
+    ref = run('ref', args)
+    assert "accuracy  perplexity" in ref.out, ref.out[-3000:] # the language model's table
+    rs = run('a', args, env=dict(AT='1.0.2', SIG='SIGTERM'), check=False)
+    _stopped(rs, PREEMPTED, tmp_path/'a'/'imdb'/'lm', '1.0')
+    assert not wait_gone(marker, 10)
+    again = run('a', args, largs=['--max-restarts', '1'], env=dict(KILL='3.0')) # fits 0 and 1: the language model's
+    _same(again, ref); _resumed(again)
+    m = re.findall(r"resuming from \S+/(imdb/(?:lm/)?ckpt_\S+)\.pth", again.out)
+    assert m[0].startswith('imdb/lm/ckpt_f01_e0000_s') and m[1:]==['imdb/lm/ckpt_f01_e0001_s000000', 'imdb/ckpt_f01_e0001_s000000'], (m,
+        again.out[-3000:])
     assert not wait_gone(marker, 10)
