@@ -42,7 +42,9 @@ def more_rows(dl, k:int):
 # %% ../nbs/02l_lm.ipynb #ca7134ae
 class LMDL(DistributedDL):
     "A `DistributedDL` over fastai's `LMDataLoader`: each rank trains its own `bs` rows of the stream cut into `world_size*bs` rows"
-    def __init__(self, dl, rank=None, world_size=None, device=None, exact:bool=False):
+    def __init__(self, dl, # the user's `LMDataLoader`: `bs` rows on each rank
+                 rank=None, world_size=None, device=None, # as fastai's `DistributedDL`
+                 exact:bool=False): # validation: the ranks share the rows of `dl` itself
         ws = max(num_distrib() if world_size is None else world_size, 1)
         self.orig,self.exact = dl,exact
         super().__init__(dl if exact else more_rows(dl, ws), rank=rank, world_size=ws, device=device)
