@@ -3,17 +3,21 @@ import time
 import fastddp
 from fastai.text.all import *
 from fastai.distributed import *
+from fastai.text.learner import _model_meta
 from fastddp.core import *
 from fastddp.distrib import rank0_first # fastddp's: the others wait for rank 0 up to FASTDDP_FIRST_TIMEOUT, and share its error
 from fastddp.script import script_flags, positive, get_data, train_cbs, run_ctx, finish, run_main, ScriptError, offline_errors
 
-def _train(make, train, o):
-    "Make a learner with `make` and `train` it in the flags' context: `(learner, seconds trained)`; offline weights: one message"
-    # pretrained: fastai downloads WT103's weights (`untar_data`) unless ~/.fastai/models has them; only that download failing
-    # means "no weights" (any other error is the learner's own, and shows as it is)
-    try: learn = make()
+def _wt103():
+    "Fetch the AWD-LSTM's pretrained weights as fastai's learners do (`untar_data`: a no-op once ~/.fastai/models has them)"
+    try: return untar_data(_model_meta[AWD_LSTM]['url'], c_key='model')
+    # only the download failing means "no weights": any other error (fastai's folder cannot be made) shows as it is
     except offline_errors as e: raise ScriptError(f"no pretrained WT103 weights (could not download them: {type(e).__name__}: {e}): "
                                                   "they download into ~/.fastai/models once online; or pass --no-pretrained") from e
+
+def _train(make, train, o):
+    "Make a learner with `make` and train it with `train` in the flags' context: `(learner, seconds trained)`"
+    learn = make()
     # Every trainable parameter gets a gradient in each step, frozen or not (a frozen one is left out of DDP's buckets, as DDP
     # wraps the model again for each fit): no `find_unused_parameters`, whose graph walk each step would only cost time
     t0 = time.time()
@@ -40,6 +44,7 @@ def main(data:str=None, # `imdb_sample` (with --sample) or `imdb` folder in fast
         set_seed(o.seed)
         kind = 'imdb_sample' if sample else 'imdb'
         path = get_data(kind, data, synthetic)
+        if pretrained: rank0_first(_wt103) # rank 0 downloads them, the others find them cached (or share rank 0's error)
         vocab = None
         if lm_epochs: # ULMFiT's second step: the language model learns these reviews' words; the classifier starts from its encoder
             def _lm_dls(): # every review, labelled or not, 10% kept to validate the language model

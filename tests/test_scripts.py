@@ -78,13 +78,15 @@ def test_bad_input(tmp_path):
 
 def test_bad_input_two_ranks(tmp_path):
     ("Under 2 ranks, bad input is one line whichever rank ends first: offline with no --data (rank 0 fails in `rank0_first`, the other "
-     "raises the same error instead of losing its peer) under fastddp-launch and torchrun, and --data in the wrong layout")
-    env = {**__import__('os').environ, 'FASTDDP_DATA': str(tmp_path/'data')}
+     "raises the same error instead of losing its peer) under fastddp-launch and torchrun, --data in the wrong layout, and offline "
+     "without IMDB's pretrained WT103 weights (rank 0 fetches them, the others share its error)")
+    env = {**__import__('os').environ, 'FASTDDP_DATA': str(tmp_path/'data'), 'FASTAI_HOME': str(tmp_path/'fastai')}
     launch = [sys.executable, '-m', 'fastddp.launch', '--nproc', '2']
     cmds = {'offline, fastddp-launch': (launch+[str(S/'tabular_ddp.py')], 'could not download'),
             'offline, torchrun': ([sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', str(S/'tabular_ddp.py')],
                                   'could not download'),
-            'wrong --data': (launch+[str(S/'pets_ddp.py'), '--data', str(tmp_path)], f"--data {tmp_path}: expected")}
+            'wrong --data': (launch+[str(S/'pets_ddp.py'), '--data', str(tmp_path)], f"--data {tmp_path}: expected"),
+            'no WT103 offline': (launch+[str(S/'imdb_ddp.py'), '--sample', '--synthetic', '100'], 'no pretrained WT103 weights')}
     for k,(cmd,msg) in cmds.items():
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         out = p.stdout+p.stderr
