@@ -23,7 +23,7 @@ from fastai.basics import *
 from fastai.distributed import *
 from .core import *
 from .watchdog import beat
-from .shard import is_sharded, reshard
+from .shard import is_sharded, reshard, stateful
 from .memory import holder, state_dicts, opt_to_params
 from .preempt import Preempt
 from .stream import is_stream
@@ -271,7 +271,7 @@ def held_state(model):
     "`{module name: {attribute: value}}` of `model`'s stateful modules (fastai's: they have `reset`), their tensors detached on the CPU"
     res = {}
     for n,m in get_model(model).named_modules():
-        if not callable(getattr(type(m), 'reset', None)): continue
+        if not stateful(m): continue
         d = {k:v for k,v in vars(m).items() if not k.startswith('_') and _kept(v)}
         if d: res[n] = apply(lambda o: o.detach().cpu() if isinstance(o, Tensor) else o, d)
     return res

@@ -46,7 +46,7 @@ class LMDL(DistributedDL):
                  rank=None, world_size=None, device=None, # as fastai's `DistributedDL`
                  exact:bool=False): # validation: the ranks share the rows of `dl` itself
         ws = max(num_distrib() if world_size is None else world_size, 1)
-        self.orig,self.exact = dl,exact
+        self.orig = dl
         super().__init__(dl if exact else more_rows(dl, ws), rank=rank, world_size=ws, device=device)
         self.lo,self.hi = self.span(self.rank)
         self.bs = max(self.hi-self.lo, 1) # fastai's workers deal out whole batches of `bs`
