@@ -158,7 +158,8 @@ def test_imdb(tmp_path, marker):
 def test_imdb_lm(tmp_path, marker):
     ("imdb_ddp.py --lm-epochs 1 (ULMFiT: the language model fine-tuned on every review, unlabelled too, then the classifier from its "
      "encoder; fastddp.lm splits the LMDataLoader's rows): SIGTERM to fastddp-launch mid-epoch in the language model's second fit; "
-     "the same command under --max-restarts 1 resumes there, and rank 1 is SIGKILLed after the classifier's first epoch: the restart "
+     "the same command under --max-restarts 1 resumes there, and rank 1 is SIGKILLed after the first epoch of the classifier's "
+     "second fit: the restart "
      "finds the language model done (its weights from its checkpoint, the encoder saved again), resumes the classifier, and ends "
      "bit-equal to an uninterrupted run")
     args = ['--synthetic', '40', '--bs', '4', '--no-pretrained', '--lm-epochs', '1', '--epochs', '2', marker]
